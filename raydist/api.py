@@ -1,0 +1,154 @@
+"""The Python API: ``raydist.up`` and ``raydist.down``.
+
+``up`` without ``address=`` runs the engine in this process (the notebook case);
+clusters started here are remembered by name so ``down(name)`` finds them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import secrets
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from raydist.errors import ClusterExistsError, ClusterNotFoundError
+from raydist.spec import ClusterSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from raydist.engine.cluster import RayCluster
+
+__all__ = ["up", "down", "clusters"]
+
+log = logging.getLogger(__name__)
+
+
+class _Registry:
+    """Clusters started by this process, by name; torn down at exit."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._clusters: dict[str, RayCluster] = {}
+        self._owned_spark: SparkSession | None = None
+        atexit.register(self.shutdown)
+
+    def add(self, cluster: RayCluster) -> None:
+        with self._lock:
+            old = self._clusters.get(cluster.name)
+            if old is not None and not old.state.terminal:
+                raise ClusterExistsError(cluster.name)
+            self._clusters[cluster.name] = cluster
+
+    def remove(self, name: str, cluster: RayCluster) -> None:
+        with self._lock:
+            if self._clusters.get(name) is cluster:
+                del self._clusters[name]
+
+    def get(self, name: str) -> RayCluster:
+        with self._lock:
+            if name not in self._clusters:
+                raise ClusterNotFoundError(name)
+            return self._clusters[name]
+
+    def all(self) -> list[RayCluster]:
+        with self._lock:
+            return list(self._clusters.values())
+
+    def embedded_spark(self, master: str | None, conf: Mapping[str, str]) -> SparkSession:
+        from raydist.engine.spark import embedded_session
+
+        with self._lock:
+            if self._owned_spark is None:
+                self._owned_spark = embedded_session(master, conf)
+            return self._owned_spark
+
+    def shutdown(self) -> None:
+        for cluster in self.all():
+            try:
+                cluster.down()
+            except Exception:  # noqa: BLE001 - at exit, tear down as much as possible
+                log.exception("tearing down %s at exit", cluster.name)
+        with self._lock:
+            spark, self._owned_spark = self._owned_spark, None
+        if spark is not None:
+            spark.stop()
+
+
+_registry = _Registry()
+
+
+def up(
+    spark: SparkSession | None = None,
+    name: str | None = None,
+    workers: int | None = 2,
+    *,
+    cpus_per_worker: int | None = None,
+    gpus_per_worker: float = 0,
+    memory_per_worker: int | str | None = None,
+    min_workers: int | None = None,
+    max_workers: int | None = None,
+    spark_master: str | None = None,
+    **spec_fields: Any,
+) -> RayCluster:
+    """Start a Ray cluster on Spark and return its handle once it is ready.
+
+    Args:
+        spark: the SparkSession whose executors host the Ray workers. ``None``
+            starts (once per process) an embedded session on
+            ``RAYDIST_SPARK_MASTER`` or a ``local-cluster`` sized from this
+            machine.
+        name: the cluster's name (a DNS label); generated when omitted.
+        workers: Ray worker nodes, one Spark task each.
+        cpus_per_worker: CPUs per node; ``None`` takes whole executors.
+        gpus_per_worker: GPUs per node, from Spark's GPU scheduling.
+        memory_per_worker: Ray memory per node (``"4g"``); sized when omitted.
+        min_workers / max_workers: an elastic size instead of ``workers``.
+        spark_master: master for the embedded session (ignored with ``spark``).
+        **spec_fields: any other :class:`raydist.spec.ClusterSpec` field.
+
+    Returns:
+        The running cluster: ``.address``, ``.client_address``,
+        ``.dashboard_url``, ``.status()``, ``.down()``; a context manager.
+
+    Example:
+        >>> with raydist.up(workers=2, cpus_per_worker=1) as cluster:  # doctest: +SKIP
+        ...     cluster.connect()
+    """
+    from raydist.engine.cluster import RayCluster
+
+    if max_workers is not None or min_workers is not None:
+        workers = None if workers == 2 else workers
+    spec = ClusterSpec(
+        name=name or f"ray-{secrets.token_hex(3)}",
+        workers=workers,
+        min_workers=min_workers,
+        max_workers=max_workers,
+        cpus_per_worker=cpus_per_worker,
+        gpus_per_worker=gpus_per_worker,
+        memory_per_worker=memory_per_worker,
+        **spec_fields,
+    )
+    session = spark if spark is not None else _registry.embedded_spark(spark_master, spec.spark_conf)
+    cluster = RayCluster(spec, session)
+    _registry.add(cluster)
+    try:
+        cluster.start()
+    except BaseException:
+        _registry.remove(spec.name, cluster)
+        raise
+    return cluster
+
+
+def down(name: str) -> None:
+    """Tear down the cluster of that name started by this process."""
+    cluster = _registry.get(name)
+    cluster.down()
+    _registry.remove(name, cluster)
+
+
+def clusters() -> list[RayCluster]:
+    """Clusters this process started and has not torn down."""
+    return [c for c in _registry.all() if not c.state.terminal]

@@ -1,0 +1,87 @@
+"""Ray token authentication for the clusters raydist starts.
+
+Ray loads its token once per process (``RAY_AUTH_TOKEN``, then
+``RAY_AUTH_TOKEN_PATH``, then ``~/.ray/auth_token``) and caches it, so a process
+can talk to clusters of one token only. raydist therefore keeps one token per
+``RAYDIST_HOME`` (mode 0600) and gives it to every cluster started from there.
+
+Every Ray process raydist starts gets ``RAY_AUTH_MODE=token`` explicitly: with a
+``~/.ray/auth_token`` on the machine, ``ray start --head`` would otherwise turn
+auth on by itself while clients would not.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from dataclasses import dataclass
+
+from raydist.paths import home, private_file
+
+__all__ = ["RayToken", "load_or_create_token", "activate_in_process"]
+
+_TOKEN_FILE = "ray_auth_token"
+
+
+@dataclass(frozen=True)
+class RayToken:
+    """A Ray auth token that never shows itself in reprs, logs or tracebacks."""
+
+    _value: str
+
+    def reveal(self) -> str:
+        """The secret itself, for a process environment; never for printing."""
+        return self._value
+
+    def env(self) -> dict[str, str]:
+        """Environment that makes a Ray process or client use this token."""
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self._value}
+
+    def __repr__(self) -> str:
+        return "RayToken(****)"
+
+    __str__ = __repr__
+
+
+def load_or_create_token() -> RayToken:
+    """The token of this ``RAYDIST_HOME``; ``RAY_AUTH_TOKEN`` wins when set, so
+    a process already bound to a token keeps working with its clusters."""
+    given = os.environ.get("RAY_AUTH_TOKEN")
+    if given:
+        return RayToken(given)
+    path = home() / _TOKEN_FILE
+    if path.exists():
+        value = path.read_text().strip()
+        if value:
+            return RayToken(value)
+    value = secrets.token_hex(32)
+    private_file(path, value + "\n")
+    return RayToken(value)
+
+
+def activate_in_process(token: RayToken) -> None:
+    """Make Ray clients created by this process use ``token``.
+
+    Needed for ``ray.init(address)`` and the GCS client in the driver. Ray
+    caches the token at first use, so this must run before the process talks
+    to any Ray cluster; a different token already active is an error rather
+    than a silent mismatch.
+    """
+    current = os.environ.get("RAY_AUTH_TOKEN")
+    if current and current != token.reveal():
+        from raydist.errors import AuthenticationError
+
+        raise AuthenticationError(
+            "this process already uses another RAY_AUTH_TOKEN; Ray allows one token per "
+            "process: unset RAY_AUTH_TOKEN or point RAYDIST_HOME at the home that made it"
+        )
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = token.reveal()
+    if "ray._raylet" in sys.modules and current != token.reveal():
+        # Ray read its config (auth mode included) and maybe cached a token when
+        # it was imported; make it read the environment again.
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()

@@ -1,0 +1,517 @@
+"""RayCluster: one Ray cluster on one SparkSession.
+
+The head runs on the driver; each worker node is one long-running Spark task,
+submitted as its own Spark job (decision 2 of the design: a lost executor then
+costs one node, which is submitted again, instead of failing a barrier job).
+All jobs of a cluster share a job group, so teardown is one cancel.
+
+NB: workers are submitted while the head is still starting; a worker's
+supervisor waits for the head's GCS port. Spark's scheduling of the tasks and
+the head's start-up overlap, which is most of raydist's lead over starting
+them one after the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import secrets
+import shutil
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from raydist.engine import spark as spark_side
+from raydist.engine.auth import RayToken, activate_in_process, load_or_create_token
+from raydist.engine.channel import NodeChannel, NodeLink
+from raydist.engine.launch import NodePlan, route_ip, run_worker_node, start_head
+from raydist.engine.ports import free_port
+from raydist.errors import ClusterFailedError, NodeStartTimeoutError
+from raydist.spec import ClusterSpec, ClusterStatus, NodeStatus, State
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from pyspark.sql import SparkSession
+
+__all__ = ["RayCluster"]
+
+log = logging.getLogger(__name__)
+
+EventListener = Callable[[str, str], None]
+_HEAD = "head"
+
+
+@dataclass
+class _Slot:
+    """One worker node's place in the cluster, across its restarts."""
+
+    index: int
+    key: str
+    link: NodeLink | None = None
+    up: bool = False
+    restarts: int = 0
+    up_since: float = 0.0
+    last_reason: str = ""
+    thread: threading.Thread | None = None
+    log_tail: deque[str] = field(default_factory=lambda: deque(maxlen=40))
+
+
+class RayCluster:
+    """A Ray cluster whose head is this driver and whose workers are Spark tasks.
+
+    Use :func:`raydist.up` rather than constructing it directly. The handle is a
+    context manager: leaving the ``with`` block tears the cluster down.
+
+    Attributes:
+        spec: the desired cluster.
+        address: the GCS address (``host:port``) for ``ray.init``.
+        client_address: the Ray Client address (``ray://host:port``).
+        dashboard_url: the Ray dashboard (also the Ray Jobs API).
+    """
+
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        spark: SparkSession,
+        *,
+        token: RayToken | None = None,
+        on_event: EventListener | None = None,
+    ) -> None:
+        self.spec = spec
+        self._spark = spark
+        self._token = token or load_or_create_token()
+        self._on_event = on_event
+        self._uid = secrets.token_hex(4)
+        self._group = f"raydist-{spec.name}-{self._uid}"
+        self._link_secret = secrets.token_hex(16)
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._stopping = threading.Event()
+        self._state = State.CREATING
+        self._message = "starting"
+        self._created = time.time()
+        self._updated = self._created
+        self._events: deque[tuple[float, str]] = deque(maxlen=200)
+        self._slots = [_Slot(i, f"w{i}") for i in range(spec.desired_workers)]
+        self._head_link: NodeLink | None = None
+        self._head_up = False
+        self._head_proc: subprocess.Popen[bytes] | None = None
+        self._head_tail: deque[str] = deque(maxlen=40)
+        self._channel: NodeChannel | None = None
+        self._profile: Any = None
+        self._worker_plan: NodePlan | None = None
+        self.address = ""
+        self.client_address = ""
+        self.dashboard_url = ""
+        self._temp_root = os.path.join("/tmp", f"raydist-{self._uid}")
+
+    # ------------------------------------------------------------------ API
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def token(self) -> RayToken:
+        """The cluster's Ray auth token (its repr hides the value)."""
+        return self._token
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    def env(self) -> dict[str, str]:
+        """Environment for a subprocess that should use this cluster
+        (``RAY_ADDRESS`` and the auth token)."""
+        return {"RAY_ADDRESS": self.address, **self._token.env()}
+
+    def connect(self, **init_kwargs: Any) -> Any:
+        """``ray.init`` against this cluster from this process."""
+        import ray
+
+        activate_in_process(self._token)
+        return ray.init(address=self.address, **init_kwargs)
+
+    def start(self) -> RayCluster:
+        """Start the head and the workers; return once ``min_workers`` are up.
+
+        Raises CapacityError (nothing started) when Spark can never fit the
+        cluster, NodeStartTimeoutError naming the nodes that did not come up,
+        or ClusterFailedError when the head fails. On any error the cluster is
+        torn down before the exception propagates.
+        """
+        spec = self.spec
+        cap = spark_side.capacity(self._spark)
+        cpus = spec.cpus_per_worker or cap.cores_per_executor
+        spark_side.check_fits(spec, cap, cpus)
+        try:
+            self._launch(cap, cpus)
+            self._wait_ready(time.monotonic() + spec.start_timeout_s)
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def status(self) -> ClusterStatus:
+        """The observed state: RUNNING, DEGRADED (with the reason)..."""
+        with self._lock:
+            nodes = [
+                NodeStatus(
+                    key=_HEAD,
+                    up=self._head_up,
+                    host=self._head_link.host if self._head_link else "",
+                    node_ip=self._head_link.node_ip if self._head_link else "",
+                    cpus=self.spec.head_cpus,
+                    gpus=self.spec.head_gpus,
+                )
+            ]
+            for slot in self._slots:
+                info = slot.link.info if slot.link else {}
+                nodes.append(
+                    NodeStatus(
+                        key=slot.key,
+                        up=slot.up,
+                        host=slot.link.host if slot.link else "",
+                        node_ip=slot.link.node_ip if slot.link else "",
+                        cpus=int(info.get("cpus", 0)),
+                        gpus=int(info.get("gpus", 0)),
+                        gpu_ids=tuple(info.get("gpu_ids", ())),
+                        restarts=slot.restarts,
+                        message=slot.last_reason,
+                    )
+                )
+            return ClusterStatus(
+                name=self.name,
+                state=self._state,
+                ready_workers=sum(s.up for s in self._slots),
+                desired_workers=len(self._slots),
+                message=self._message,
+                address=self.address,
+                client_address=self.client_address,
+                dashboard_url=self.dashboard_url,
+                nodes=tuple(nodes),
+                created_at=self._created,
+                updated_at=self._updated,
+            )
+
+    def events(self) -> list[tuple[float, str]]:
+        """What happened to the cluster, oldest first (time, message)."""
+        with self._lock:
+            return list(self._events)
+
+    def wait_for_workers(self, count: int | None = None, timeout: float = 120.0) -> bool:
+        """Block until ``count`` (default: all) workers are up; False on timeout."""
+        want = len(self._slots) if count is None else count
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while sum(s.up for s in self._slots) < want:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._state.terminal:
+                    return False
+                self._changed.wait(min(left, 1.0))
+        return True
+
+    def down(self, timeout: float = 60.0) -> None:
+        """Tear the cluster down; returns once its Ray processes are gone.
+
+        Idempotent. Stops every node through its supervisor at once, cancels
+        the cluster's Spark jobs, and waits for the supervisors to report that
+        their process trees are gone.
+        """
+        with self._lock:
+            if self._state == State.DELETED:
+                return
+            failed = self._state == State.FAILED
+            self._stopping.set()
+            if not failed:
+                self._set_state(State.DELETING, "tearing down")
+        deadline = time.monotonic() + timeout
+        channel = self._channel
+        if channel is not None:
+            channel.stop_all()
+        if self._head_proc is not None:
+            try:
+                self._head_proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - still escalate below
+                self._head_proc.kill()
+                self._head_proc.wait(timeout=5)
+        if channel is not None:
+            for link in channel.links().values():
+                link.closed.wait(max(0.0, deadline - time.monotonic()))
+        try:
+            self._spark.sparkContext.cancelJobGroup(self._group)
+        except Exception as exc:  # noqa: BLE001 - a stopped SparkContext has no jobs left
+            log.debug("cancelJobGroup(%s): %s", self._group, exc)
+        for slot in self._slots:
+            if slot.thread is not None and slot.thread is not threading.current_thread():
+                slot.thread.join(max(0.1, deadline - time.monotonic()))
+        if channel is not None:
+            channel.close()
+        self._wait_local_processes_gone(deadline)
+        shutil.rmtree(self._temp_root, ignore_errors=True)
+        for slot in self._slots:
+            shutil.rmtree(f"{self._temp_root}-{slot.key}", ignore_errors=True)
+        with self._lock:
+            for slot in self._slots:
+                slot.up = False
+            self._head_up = False
+            if failed:
+                self._record(f"torn down after failure: {self._message}")
+            else:
+                self._set_state(State.DELETED, "deleted")
+
+    def __enter__(self) -> RayCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    def __repr__(self) -> str:
+        return f"<RayCluster {self.name!r} {self._state.value} {self.address or '-'}>"
+
+    # ---------------------------------------------------------- internals
+
+    def _launch(self, cap: spark_side.SparkCapacity, cpus: int) -> None:
+        spec = self.spec
+        sc = self._spark.sparkContext
+        driver_host = sc.getConf().get("spark.driver.host", "127.0.0.1")
+        head_ip = route_ip(driver_host)
+        taken: set[int] = set()
+        ports = {name: free_port(head_ip, taken) for name in ("gcs", "dashboard", "client")}
+        self.address = f"{head_ip}:{ports['gcs']}"
+        self.client_address = f"ray://{head_ip}:{ports['client']}"
+        self.dashboard_url = f"http://{head_ip}:{ports['dashboard']}"
+        self._channel = NodeChannel(head_ip, self._link_secret, self._on_link)
+
+        per_exec = max(1, cap.cores_per_executor // max(cpus, 1))
+        busiest = max(cap.hosts.values(), default=1)
+        nodes_on_host = busiest * per_exec + 1
+        common: dict[str, Any] = dict(
+            cluster=spec.name,
+            channel=(head_ip, self._channel.port),
+            link_secret=self._link_secret,
+            secret_env=self._token.env(),
+            gcs_address=self.address,
+            nodes_on_host=nodes_on_host,
+            jvm_bytes_on_host=busiest * cap.memory_per_executor,
+            ray_options=dict(spec.ray_start_options),
+            env=dict(spec.env),
+            deadline_s=spec.start_timeout_s,
+        )
+        head = NodePlan(
+            key=_HEAD,
+            head=True,
+            cpus=spec.head_cpus,
+            gpus=spec.head_gpus,
+            memory=spec.head_memory,  # type: ignore[arg-type]
+            object_store=spec.head_object_store,  # type: ignore[arg-type]
+            head_ports=ports,
+            temp_dir=self._temp_root,
+            node_ip=head_ip,
+            **common,
+        )
+        self._record(f"starting head at {self.address}")
+        self._head_proc = start_head(head, psutil.Process())
+        self._worker_plan = NodePlan(
+            key="",
+            cpus=cpus,
+            gpus=spec.gpus_per_worker,
+            memory=spec.memory_per_worker,  # type: ignore[arg-type]
+            object_store=spec.object_store_per_worker,  # type: ignore[arg-type]
+            **common,
+        )
+        try:
+            self._profile = spark_side.resource_profile(self._spark, cpus, spec.gpus_per_worker)
+        except Exception as exc:  # noqa: BLE001 - stage-level scheduling is optional
+            log.info("no stage-level scheduling (%s); using the default task resources", exc)
+            self._profile = None
+        for slot in self._slots:
+            slot.thread = threading.Thread(
+                target=self._keep_worker, args=(slot,), name=f"raydist-{spec.name}-{slot.key}", daemon=True
+            )
+            slot.thread.start()
+
+    def _keep_worker(self, slot: _Slot) -> None:
+        """Run one worker node's Spark job, and submit it again whenever it
+        ends while the cluster is meant to run (self-healing)."""
+        failures = 0
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            try:
+                self._run_worker_job(slot)
+                reason = "its Spark task ended"
+            except Exception as exc:  # noqa: BLE001 - any job end is a node loss to heal
+                reason = _first_line(exc)
+            if self._stopping.is_set():
+                return
+            with self._lock:
+                slot.up = False
+                slot.last_reason = reason
+                if "No module named 'raydist'" in reason or "No module named 'ray'" in reason:
+                    # Resubmitting cannot help: the executors' Python lacks raydist.
+                    self._set_state(
+                        State.FAILED,
+                        f"executors cannot import raydist ({reason}); install raydist and Ray in the "
+                        "executors' Python environment (PYSPARK_PYTHON)",
+                    )
+                    return
+                self._refresh_state(f"worker {slot.key} lost: {reason}")
+            if not self.spec.self_heal:
+                return
+            failures = 0 if time.monotonic() - started > 60 else failures + 1
+            backoff = min(30.0, 0.5 * (2 ** min(failures, 6))) if failures else 0.2
+            if self._stopping.wait(backoff):
+                return
+            with self._lock:
+                slot.restarts += 1
+            self._record(f"resubmitting worker {slot.key} (restart {slot.restarts})")
+
+    def _run_worker_job(self, slot: _Slot) -> None:
+        assert self._worker_plan is not None
+        plan = dataclasses.replace(self._worker_plan, key=slot.key, temp_dir=f"{self._temp_root}-{slot.key}")
+        sc = self._spark.sparkContext
+        sc.setJobGroup(self._group, f"raydist cluster {self.name}: Ray worker {slot.key}", True)
+        rdd = sc.parallelize([slot.index], 1)
+        if self._profile is not None:
+            rdd = rdd.withResources(self._profile)
+        rdd.mapPartitions(functools.partial(run_worker_node, plan)).collect()
+
+    def _on_link(self, event: str, link: NodeLink) -> None:
+        with self._lock:
+            if link.key == _HEAD:
+                self._on_head(event, link)
+                return
+            slot = next((s for s in self._slots if s.key == link.key), None)
+            if slot is None:
+                return
+            if event == "hello":
+                slot.link = link
+            elif event == "log":
+                if link is slot.link:
+                    slot.log_tail.append(link.log_tail[-1])
+            elif event == "started" and link is slot.link:
+                slot.up = True
+                slot.up_since = time.monotonic()
+                self._record(f"worker {slot.key} up on {link.host} ({link.node_ip})")
+                self._refresh_state()
+            elif event in ("stopped", "closed") and link is slot.link and slot.up:
+                slot.up = False
+                if not self._stopping.is_set():
+                    slot.last_reason = "its Ray node stopped" + (
+                        f" (exit code {link.exit_code})" if link.exit_code else ""
+                    )
+                    self._refresh_state(f"worker {slot.key} lost: {slot.last_reason}")
+
+    def _on_head(self, event: str, link: NodeLink) -> None:
+        if event == "hello":
+            self._head_link = link
+        elif event == "log":
+            self._head_tail.append(link.log_tail[-1])
+        elif event == "started":
+            self._head_up = True
+            self._record(f"head up at {self.address}")
+            self._refresh_state()
+        elif event in ("stopped", "closed") and not self._stopping.is_set() and self._state != State.FAILED:
+            self._head_up = False
+            self._set_state(State.FAILED, "the head node stopped: " + " | ".join(list(self._head_tail)[-3:]))
+            # The workers cannot outlive their GCS; tear them down off this thread.
+            threading.Thread(target=self.down, daemon=True, name=f"raydist-{self.name}-failed").start()
+
+    def _refresh_state(self, reason: str = "") -> None:
+        """Derive RUNNING/DEGRADED from the nodes (called with the lock held)."""
+        if reason:
+            self._record(reason)
+        if self._state in (State.DELETING, State.DELETED, State.FAILED):
+            return
+        up = sum(s.up for s in self._slots)
+        if not self._head_up:
+            return
+        if self._state == State.CREATING:
+            if up >= self.spec.required_workers:
+                self._set_state(State.RUNNING, f"{up}/{len(self._slots)} workers up")
+            return
+        if up >= self.spec.required_workers:
+            self._set_state(State.RUNNING, f"{up}/{len(self._slots)} workers up")
+        else:
+            self._set_state(State.DEGRADED, reason or f"{up}/{len(self._slots)} workers up")
+
+    def _set_state(self, state: State, message: str) -> None:
+        changed = state != self._state
+        self._state = state
+        self._message = message
+        self._updated = time.time()
+        if changed:
+            self._record(f"{state.value}: {message}")
+        self._changed.notify_all()
+
+    def _record(self, message: str) -> None:
+        with self._lock:
+            self._events.append((time.time(), message))
+            self._changed.notify_all()
+        log.info("cluster %s: %s", self.name, message)
+        if self._on_event is not None:
+            try:
+                self._on_event(self._state.value, message)
+            except Exception:  # noqa: BLE001 - a listener must not break the cluster
+                log.exception("event listener failed")
+
+    def _wait_ready(self, deadline: float) -> None:
+        with self._changed:
+            while self._state == State.CREATING:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                if self._head_proc is not None and self._head_proc.poll() is not None and not self._head_up:
+                    break
+                self._changed.wait(min(left, 0.5))
+            if self._state in (State.RUNNING, State.DEGRADED):
+                return
+            if not self._head_up:
+                raise ClusterFailedError(
+                    f"the Ray head of {self.name!r} did not start:\n  " + "\n  ".join(self._head_tail)
+                )
+            if self._state == State.FAILED:
+                raise ClusterFailedError(self._message)
+            pending = {
+                s.key: list(s.log_tail) or ["no Spark task started for this node (no free task slot?)"]
+                for s in self._slots
+                if not s.up
+            }
+            raise NodeStartTimeoutError(
+                expected=self.spec.required_workers,
+                started=sum(s.up for s in self._slots),
+                timeout=self.spec.start_timeout_s,
+                pending=pending,
+            )
+
+    def _wait_local_processes_gone(self, deadline: float) -> None:
+        """On this host, wait until no process of this cluster is left."""
+        marker = f"raydist-{self._uid}"
+        while time.monotonic() < deadline:
+            left = []
+            for proc in psutil.process_iter(["cmdline"]):
+                try:
+                    if any(marker in part for part in proc.info["cmdline"] or ()):
+                        left.append(proc)
+                except psutil.Error:
+                    continue
+            if not left:
+                return
+            time.sleep(0.1)
+        log.warning("cluster %s: some local Ray processes outlived the teardown deadline", self.name)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    for line in text:
+        if "Error" in line or "Exception" in line or "Lost" in line:
+            return line.strip()[:300]
+    return (text[0] if text else type(exc).__name__)[:300]

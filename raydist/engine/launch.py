@@ -1,0 +1,241 @@
+"""Starting one Ray node under a supervisor: the head on the driver, or a
+worker inside a Spark task.
+
+``run_worker_node`` is the function each worker's Spark task runs. It lives at
+module level (not in a closure) so Spark pickles a reference to it, and it
+imports neither Ray nor anything heavy: the Ray node runs in the supervisor's
+``ray start`` child, and the task only maps Spark's resources into it and
+waits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from raydist.engine.sizing import node_size, visible_gpus
+
+__all__ = ["NodePlan", "spawn_supervisor", "run_worker_node", "route_ip", "ray_executable"]
+
+
+@dataclass(frozen=True, repr=False)
+class NodePlan:
+    """Everything a supervisor needs to run one node; pickled into Spark tasks.
+
+    ``secret_env`` holds the Ray token and the link secret; the repr hides it.
+    """
+
+    cluster: str
+    key: str
+    channel: tuple[str, int]
+    link_secret: str
+    secret_env: Mapping[str, str]
+    gcs_address: str = ""
+    head: bool = False
+    cpus: int | None = None
+    gpus: float = 0.0
+    memory: int | None = None
+    object_store: int | None = None
+    nodes_on_host: int = 1
+    jvm_bytes_on_host: int = 0
+    head_ports: Mapping[str, int] = field(default_factory=dict)
+    ray_options: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    temp_dir: str = ""
+    node_ip: str = ""
+    deadline_s: float = 180.0
+
+    def __repr__(self) -> str:
+        return f"NodePlan(cluster={self.cluster!r}, key={self.key!r}, head={self.head})"
+
+
+def ray_executable() -> str:
+    """The ``ray`` script of the running interpreter's environment."""
+    beside = Path(sys.executable).with_name("ray")
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("ray")
+    if not found:
+        raise FileNotFoundError("the `ray` command is not installed in this Python environment")
+    return found
+
+
+def route_ip(towards: str) -> str:
+    """This host's address on the interface that reaches ``towards``."""
+    try:
+        target = socket.gethostbyname(towards)
+    except OSError:
+        target = towards
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((target, 9))
+            return str(s.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
+
+
+def _shm_bytes() -> int:
+    try:
+        st = os.statvfs("/dev/shm")
+        return st.f_blocks * st.f_frsize
+    except OSError:
+        return 0
+
+
+def _ancestor_jvm() -> psutil.Process | None:
+    try:
+        for proc in psutil.Process().parents():
+            if proc.name() == "java":
+                return proc
+    except psutil.Error:
+        pass
+    return None
+
+
+def node_argv(plan: NodePlan, *, cpus: int, gpus: int, memory: int, object_store: int, node_ip: str) -> list[str]:
+    """The ``ray start --block`` command line for one node."""
+    argv = [ray_executable(), "start", "--block", "--disable-usage-stats", f"--node-ip-address={node_ip}"]
+    if plan.head:
+        ports = plan.head_ports
+        argv += [
+            "--head",
+            f"--port={ports['gcs']}",
+            f"--dashboard-port={ports['dashboard']}",
+            f"--ray-client-server-port={ports['client']}",
+            f"--dashboard-host={node_ip}",
+            "--include-dashboard=true",
+        ]
+    else:
+        argv.append(f"--address={plan.gcs_address}")
+    argv += [
+        f"--num-cpus={cpus}",
+        f"--num-gpus={gpus}",
+        f"--memory={memory}",
+        f"--object-store-memory={object_store}",
+    ]
+    if plan.temp_dir:
+        argv.append(f"--temp-dir={plan.temp_dir}")
+    for key, value in plan.ray_options.items():
+        argv.append(f"--{key}={value}" if value != "" else f"--{key}")
+    return argv
+
+
+def spawn_supervisor(plan: NodePlan, *, argv: list[str], node_ip: str, env: Mapping[str, str],
+                     watch: Iterable[psutil.Process], info: Mapping[str, Any]) -> subprocess.Popen[bytes]:
+    """Start the supervisor for one node in its own session and hand it its
+    configuration on stdin (never on a command line, where secrets would show)."""
+    cfg = {
+        "key": plan.key,
+        "channel": list(plan.channel),
+        "secret": plan.link_secret,
+        "argv": argv,
+        "env": {**env, **plan.secret_env},
+        "node_ip": node_ip,
+        "watch": [[p.pid, p.create_time()] for p in watch],
+        "wait_for": "" if plan.head else plan.gcs_address,
+        "deadline_s": plan.deadline_s,
+        "info": dict(info),
+        "log_path": os.path.join(plan.temp_dir, f"raydist-{plan.key}.log") if plan.temp_dir else "",
+    }
+    if plan.temp_dir:
+        os.makedirs(plan.temp_dir, mode=0o700, exist_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raydist.engine.supervisor"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(cfg).encode())
+    proc.stdin.close()
+    return proc
+
+
+def _node_env(plan: NodePlan, cuda_visible: str | None) -> dict[str, str]:
+    env = {"RAY_USAGE_STATS_ENABLED": "0", **plan.env}
+    if cuda_visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = cuda_visible
+    return env
+
+
+def start_head(plan: NodePlan, driver: psutil.Process) -> subprocess.Popen[bytes]:
+    """Start the head node on this (the driver's) host, watched by the driver."""
+    node_ip = plan.node_ip or "127.0.0.1"
+    size = node_size(
+        host_memory=psutil.virtual_memory().total,
+        shm_bytes=_shm_bytes(),
+        nodes_on_host=plan.nodes_on_host,
+        jvm_bytes_on_host=plan.jvm_bytes_on_host,
+        memory=plan.memory,
+        object_store=plan.object_store,
+    )
+    argv = node_argv(plan, cpus=plan.cpus or 0, gpus=int(plan.gpus), memory=size.memory,
+                     object_store=size.object_store, node_ip=node_ip)
+    info = {"cpus": plan.cpus or 0, "gpus": int(plan.gpus), "memory": size.memory,
+            "object_store": size.object_store, "gpu_ids": []}
+    return spawn_supervisor(plan, argv=argv, node_ip=node_ip, env=_node_env(plan, None),
+                            watch=[driver], info=info)
+
+
+def run_worker_node(plan: NodePlan, _partition: Iterator[Any]) -> Iterator[str]:
+    """Body of a worker node's Spark task: run the node until it ends.
+
+    Maps the task's CPUs and GPU addresses into the Ray node, starts the
+    supervisor (which watches this process and the executor JVM), and waits.
+    Yields one JSON line describing how the node ended.
+    """
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    cpus = plan.cpus or (ctx.cpus() if ctx is not None else 1)
+    resources = ctx.resources() if ctx is not None else {}
+    addresses = list(resources["gpu"].addresses) if "gpu" in resources else []
+    cuda: str | None = None
+    gpu_ids: list[str] = []
+    num_gpus = 0
+    if plan.gpus > 0:
+        gpu_ids = visible_gpus(addresses, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        cuda = ",".join(gpu_ids)
+        # A fractional share still shows the node one whole device: Ray counts
+        # GPUs per node in whole numbers; the sharing is Spark's to enforce.
+        num_gpus = len(gpu_ids)
+    elif os.environ.get("CUDA_VISIBLE_DEVICES"):
+        cuda = ""  # a CPU node must not see the executor's GPUs
+    node_ip = route_ip(plan.channel[0])
+    size = node_size(
+        host_memory=psutil.virtual_memory().total,
+        shm_bytes=_shm_bytes(),
+        nodes_on_host=plan.nodes_on_host,
+        jvm_bytes_on_host=plan.jvm_bytes_on_host,
+        memory=plan.memory,
+        object_store=plan.object_store,
+    )
+    argv = node_argv(plan, cpus=cpus, gpus=num_gpus, memory=size.memory,
+                     object_store=size.object_store, node_ip=node_ip)
+    me = psutil.Process()
+    watch = [me]
+    jvm = _ancestor_jvm()
+    if jvm is not None:
+        watch.append(jvm)
+    info = {
+        "cpus": cpus, "gpus": num_gpus, "gpu_ids": gpu_ids, "memory": size.memory,
+        "object_store": size.object_store,
+        "executor": ctx.getLocalProperty("spark.executor.id") if ctx is not None else None,
+        "partition": ctx.partitionId() if ctx is not None else 0,
+        "attempt": ctx.attemptNumber() if ctx is not None else 0,
+    }
+    proc = spawn_supervisor(plan, argv=argv, node_ip=node_ip, env=_node_env(plan, cuda), watch=watch, info=info)
+    code = proc.wait()
+    yield json.dumps({"key": plan.key, "code": code, "host": socket.gethostname()})

@@ -1,0 +1,206 @@
+"""The Spark side: an embedded SparkSession, executor capacity, resource profiles.
+
+Everything that talks to the JVM through py4j lives here, so the rest of the
+engine reads as plain Python.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from raydist.engine.sizing import embedded_master
+from raydist.errors import CapacityError
+from raydist.spec import ClusterSpec, parse_size
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["embedded_session", "SparkCapacity", "capacity", "check_fits", "resource_profile"]
+
+log = logging.getLogger(__name__)
+
+_LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]")
+
+
+def embedded_session(master: str | None = None, conf: Mapping[str, str] | None = None) -> SparkSession:
+    """A SparkSession for raydist to own.
+
+    ``master`` defaults to ``RAYDIST_SPARK_MASTER``, else a ``local-cluster``
+    sized from this machine: real executor JVMs, so the same code paths run as
+    on a standalone master, YARN or Kubernetes.
+    """
+    from pyspark.sql import SparkSession
+
+    master = master or os.environ.get("RAYDIST_SPARK_MASTER") or embedded_master(
+        os.cpu_count() or 2, psutil.virtual_memory().total
+    )
+    # PySpark starts executor Python workers with PYSPARK_PYTHON (read when the
+    # SparkContext is created); they must run this interpreter, which has Ray
+    # and raydist installed.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(master).appName("raydist")
+    defaults = {
+        # Executors must run this interpreter: it has Ray and raydist installed.
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.executorEnv.RAY_USAGE_STATS_ENABLED": "0",
+        "spark.ui.showConsoleProgress": "false",
+        # A Ray node task runs for the cluster's lifetime; Spark must not
+        # speculate it or give up after a few executor losses.
+        "spark.speculation": "false",
+        "spark.task.maxFailures": "8",
+        "spark.python.worker.reuse": "true",
+    }
+    for key, value in {**defaults, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+@dataclass(frozen=True)
+class SparkCapacity:
+    """What the Spark application can ever offer Ray worker nodes."""
+
+    executors: int
+    cores_per_executor: int
+    gpus_per_executor: float
+    memory_per_executor: int
+    dynamic: bool
+    hosts: Mapping[str, int]
+
+    def slots(self, cpus: int, gpus: float) -> int:
+        """How many Ray nodes of this size fit at once, at most."""
+        if cpus > self.cores_per_executor:
+            return 0
+        per = self.cores_per_executor // cpus
+        if gpus > 0:
+            per = min(per, math.floor(self.gpus_per_executor / gpus + 1e-9))
+        return per * self.executors
+
+
+def _conf(sc: Any, key: str, default: str | None = None) -> str | None:
+    value = sc.getConf().get(key, None)
+    return value if value is not None else default
+
+
+def capacity(spark: SparkSession, wait_s: float = 30.0) -> SparkCapacity:
+    """Read executor count and sizes, waiting (up to ``wait_s``) for executors
+    that the master promised but that have not registered yet."""
+    sc = spark.sparkContext
+    master = sc.master
+    expected = None
+    cores = int(_conf(sc, "spark.executor.cores", "0") or 0)
+    memory = parse_size(_conf(sc, "spark.executor.memory", "1g"), "spark.executor.memory") or 0
+    m = _LOCAL_CLUSTER.match(master)
+    if m:
+        expected, cores, memory = int(m.group(1)), int(m.group(2)), int(m.group(3)) << 20
+    elif _conf(sc, "spark.executor.instances"):
+        expected = int(_conf(sc, "spark.executor.instances") or 0)
+    dynamic = (_conf(sc, "spark.dynamicAllocation.enabled", "false") or "").lower() == "true"
+    if master.startswith("local[") or master == "local":
+        n = master[6:-1] if master.startswith("local[") else "1"
+        cores = os.cpu_count() or 1 if n == "*" else int(n.split(",")[0])
+        expected = 1
+    deadline = time.monotonic() + wait_s
+    hosts: dict[str, int] = {}
+    while True:
+        hosts = _executor_hosts(sc)
+        count = sum(hosts.values())
+        if master.startswith("local"):
+            count = max(count, 1)
+        if expected is None or count >= expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    if not cores:
+        cores = int(sc.defaultParallelism // max(1, sum(hosts.values()))) or 1
+    gpus = float(_conf(sc, "spark.executor.resource.gpu.amount", "0") or 0)
+    return SparkCapacity(
+        executors=sum(hosts.values()) if not master.startswith("local[") else 1,
+        cores_per_executor=cores,
+        gpus_per_executor=gpus,
+        memory_per_executor=memory,
+        dynamic=dynamic,
+        hosts=hosts,
+    )
+
+
+def _executor_hosts(sc: Any) -> dict[str, int]:
+    """Executors per host. Spark's list includes the driver; it is dropped
+    from the driver's host (compared by address, since one side may report a
+    hostname and the other an IP)."""
+    infos = list(sc._jsc.sc().statusTracker().getExecutorInfos())
+    hosts: dict[str, int] = {}
+    for info in infos:
+        hosts[info.host()] = hosts.get(info.host(), 0) + 1
+    driver_ip = _resolve(sc.getConf().get("spark.driver.host", "localhost"))
+    for host in list(hosts):
+        if _resolve(host) == driver_ip:
+            hosts[host] -= 1
+            if hosts[host] <= 0:
+                del hosts[host]
+            break
+    return hosts
+
+
+def _resolve(host: str) -> str:
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host
+
+
+def check_fits(spec: ClusterSpec, cap: SparkCapacity, cpus: int) -> None:
+    """Raise CapacityError when Spark can never run ``spec``'s worker nodes."""
+    if spec.gpus_per_worker > 0 and cap.gpus_per_executor <= 0:
+        raise CapacityError(
+            f"{spec.gpus_per_worker:g} GPU per worker",
+            "no executor offers GPUs",
+            "set spark.executor.resource.gpu.amount and spark.executor.resource.gpu.discoveryScript, "
+            "or ask for gpus_per_worker=0",
+        )
+    if cap.dynamic:
+        return  # executors come and go; Spark's own scheduler decides
+    if cpus > cap.cores_per_executor:
+        raise CapacityError(
+            f"{cpus} CPUs per worker",
+            f"executors have {cap.cores_per_executor} cores each",
+            f"ask for cpus_per_worker <= {cap.cores_per_executor} or give executors more cores",
+        )
+    if spec.gpus_per_worker > cap.gpus_per_executor:
+        raise CapacityError(
+            f"{spec.gpus_per_worker:g} GPUs per worker",
+            f"executors have {cap.gpus_per_executor:g} GPUs each",
+            f"ask for gpus_per_worker <= {cap.gpus_per_executor:g}",
+        )
+    slots = cap.slots(cpus, spec.gpus_per_worker)
+    if spec.required_workers > slots:
+        raise CapacityError(
+            f"{spec.required_workers} workers x {cpus} CPU"
+            + (f" x {spec.gpus_per_worker:g} GPU" if spec.gpus_per_worker else ""),
+            f"{cap.executors} executors of {cap.cores_per_executor} cores"
+            + (f" and {cap.gpus_per_executor:g} GPUs" if cap.gpus_per_executor else "")
+            + f" fit {slots} such workers",
+            f"ask for workers <= {slots}, fewer CPUs per worker, or more executors",
+        )
+
+
+def resource_profile(spark: SparkSession, cpus: int, gpus: float) -> Any:
+    """A task-level ResourceProfile asking Spark for ``cpus`` and ``gpus``
+    per task (stage-level scheduling), so each Ray node's Spark task holds
+    exactly the resources the node announces to Ray."""
+    from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+
+    req = TaskResourceRequests().cpus(cpus)
+    if gpus > 0:
+        req = req.resource("gpu", gpus)
+    return ResourceProfileBuilder().require(req).build

@@ -1,0 +1,171 @@
+"""One exception hierarchy for raydist.
+
+Every error raydist raises on purpose derives from :class:`RaydistError`. The
+control plane maps these classes to gRPC status codes in exactly one place
+(``raydist.control.status``); this module knows nothing about gRPC so that the
+engine and the training facade stay importable without it.
+
+Exceptions that may cross process boundaries (Spark tasks, Ray workers) define
+``__reduce__`` so they pickle with their attributes intact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "RaydistError",
+    "SpecError",
+    "CapacityError",
+    "NodeStartTimeoutError",
+    "ClusterNotFoundError",
+    "ClusterExistsError",
+    "ClusterFailedError",
+    "AuthenticationError",
+    "ControlPlaneUnavailableError",
+    "RPCError",
+    "TrainingConfigError",
+]
+
+
+class RaydistError(Exception):
+    """Root of every error raydist raises on purpose."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.__class__, self.args)
+
+
+class SpecError(RaydistError, ValueError):
+    """A cluster or training description is invalid.
+
+    Attributes:
+        field: the name of the offending field, as the user spelled it.
+        value: the value received.
+        allowed: what would have been accepted, in words.
+    """
+
+    def __init__(self, field: str, value: object, allowed: str) -> None:
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{field}: got {value!r}; {allowed}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.__class__, (self.field, self.value, self.allowed))
+
+
+class TrainingConfigError(SpecError):
+    """A trainer or distributor was given arguments that cannot work."""
+
+
+class CapacityError(RaydistError):
+    """The Spark cluster can never schedule what was asked for.
+
+    Raised at ``up`` time, before any node starts, instead of letting Spark
+    wait forever for task slots that do not exist.
+
+    Attributes:
+        asked: what the cluster spec needs, in words.
+        available: what the Spark cluster offers, in words.
+    """
+
+    def __init__(self, asked: str, available: str, fix: str = "") -> None:
+        self.asked = asked
+        self.available = available
+        self.fix = fix
+        msg = f"Spark cannot fit this cluster: asked for {asked}, but {available}"
+        super().__init__(msg + (f"; {fix}" if fix else ""))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.__class__, (self.asked, self.available, self.fix))
+
+
+class NodeStartTimeoutError(RaydistError, TimeoutError):
+    """Ray nodes did not come up within the start timeout.
+
+    Attributes:
+        expected: how many worker nodes had to be ready.
+        started: how many were ready when the deadline passed.
+        timeout: the deadline, in seconds.
+        pending: for each node that did not come up, the last lines of its log
+            (or why there is no log, e.g. no Spark task slot was free).
+    """
+
+    def __init__(
+        self,
+        expected: int,
+        started: int,
+        timeout: float,
+        pending: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        self.expected = expected
+        self.started = started
+        self.timeout = timeout
+        self.pending = {k: list(v) for k, v in (pending or {}).items()}
+        lines = [
+            f"{started} of {expected} Ray worker nodes ready after {timeout:g} s; "
+            f"not ready: {', '.join(sorted(self.pending)) or '-'}"
+        ]
+        for node, tail in sorted(self.pending.items()):
+            lines.append(f"--- {node} ---")
+            lines.extend(f"  {line}" for line in tail[-20:])
+        super().__init__("\n".join(lines))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.__class__, (self.expected, self.started, self.timeout, self.pending))
+
+
+class ClusterNotFoundError(RaydistError, LookupError):
+    """No cluster of that name is known here."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"no cluster named {name!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.__class__, (self.name,))
+
+
+class ClusterExistsError(RaydistError):
+    """A cluster of that name already exists with another spec."""
+
+    def __init__(self, name: str, detail: str = "") -> None:
+        self.name = name
+        self.detail = detail
+        super().__init__(
+            f"a cluster named {name!r} already exists"
+            + (f": {detail}" if detail else "; pick another name or run `raydist down` first")
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.__class__, (self.name, self.detail))
+
+
+class ClusterFailedError(RaydistError):
+    """A cluster could not start or stopped working; the message says why."""
+
+
+class AuthenticationError(RaydistError):
+    """A credential was missing or wrong. The message never contains it."""
+
+
+class ControlPlaneUnavailableError(RaydistError, ConnectionError):
+    """No control plane answered at the given address."""
+
+
+class RPCError(RaydistError):
+    """A control-plane call failed.
+
+    Attributes:
+        code: the gRPC status code name (``"NOT_FOUND"``, ``"INVALID_ARGUMENT"``...).
+        details: the server's message.
+    """
+
+    def __init__(self, code: str, details: str) -> None:
+        self.code = code
+        self.details = details
+        super().__init__(f"{code}: {details}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.__class__, (self.code, self.details))
