@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv at the repository root and install raydist with everything its
-# main job and tests need. Idempotent: a second run only checks what is there.
+# main job and tests need. Idempotent: once installed, a second run returns at
+# once unless pyproject.toml or this script changed.
 #
 # Order matters on a CPU-only machine:
 #   1. torch==2.13.0 first (a CPU wheel lies on disk; anything else pulls CUDA),
@@ -15,11 +16,14 @@ stamp=".venv/.raydist-installed"
 if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ "$stamp" -nt scripts/bootstrap.sh ]; then
     exit 0
 fi
+echo "raydist: installing into .venv (a few minutes on a fresh machine)..." >&2
 [ -x .venv/bin/python ] || "$py" -m venv .venv
-pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
-"${pip[@]}" install -U pip setuptools wheel
-"${pip[@]}" install "torch==2.13.0"
-"${pip[@]}" install -e ".[torch,tensorflow,dev]"
-# DeepSpeed builds from source; DS_BUILD_OPS=0 keeps every op JIT (CPU here).
-DS_BUILD_OPS=0 "${pip[@]}" install --no-build-isolation "deepspeed>=0.16"
+# pip's notes about index folders this machine lacks are noise; errors still show.
+pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@" 2> >(grep -v '^WARNING: Location' >&2); }
+pip install -U pip setuptools wheel
+pip install "torch==2.13.0"
+pip install -e ".[torch,tensorflow,dev]"
+# DeepSpeed builds from source; DS_BUILD_OPS=0 keeps every op JIT-compiled (CPU here).
+DS_BUILD_OPS=0 pip install --no-build-isolation "deepspeed>=0.16"
 touch "$stamp"
+echo "raydist: .venv ready" >&2

@@ -1,0 +1,27 @@
+# Every target installs what it needs into .venv first (scripts/bootstrap.sh).
+SHELL := /bin/bash
+PY := .venv/bin/python
+export RAY_USAGE_STATS_ENABLED := 0
+
+.PHONY: venv demo test test-fast bench-startup protos lint
+
+venv:
+	@bash scripts/bootstrap.sh
+
+## The main job: start an embedded cluster, train a small model on it, tear it down.
+demo: venv
+	$(PY) examples/quickstart.py
+
+## The whole test suite (real Spark local-cluster, real Ray).
+test: venv
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+## Pure-logic tests only (no Spark, no Ray cluster).
+test-fast: venv
+	$(PY) -m pytest -q -p no:cacheprovider -m "not integration" tests
+
+bench-startup: venv
+	$(PY) benchmarks/startup.py
+
+lint: venv
+	$(PY) -m ruff check raydist tests benchmarks examples

@@ -1,0 +1,90 @@
+"""Time to a ready Ray cluster on Spark: raydist vs ray.util.spark.
+
+In one process and on one SparkSession (local-cluster[2,1,2048] by default),
+alternate at least 3 times:
+  (a) the anchor: ray.util.spark.setup_ray_cluster(max_worker_nodes=2,
+      num_cpus_worker_node=1, num_gpus_worker_node=0) to ready, then
+      shutdown_ray_cluster();
+  (b) raydist.up(workers=2, cpus_per_worker=1) to ready, then down().
+Prints each run, the medians, and as the last line:
+  startup_ratio=<raydist/anchor median> teardown_s=<raydist median> leftover_processes=<n>
+
+Run: make bench-startup   (or .venv/bin/python benchmarks/startup.py --rounds 3)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+def anchor_once(spark) -> tuple[float, float]:
+    from ray.util.spark import setup_ray_cluster, shutdown_ray_cluster
+
+    t0 = time.perf_counter()
+    setup_ray_cluster(max_worker_nodes=2, num_cpus_worker_node=1, num_gpus_worker_node=0)
+    ready = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    shutdown_ray_cluster()
+    return ready, time.perf_counter() - t0
+
+
+def raydist_once(spark, i: int) -> tuple[float, float]:
+    import raydist
+
+    t0 = time.perf_counter()
+    cluster = raydist.up(spark, name=f"bench-{i}", workers=2, cpus_per_worker=1)
+    ready = time.perf_counter() - t0
+    assert cluster.status().ready_workers == 2
+    t0 = time.perf_counter()
+    cluster.down()
+    return ready, time.perf_counter() - t0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--master", default="local-cluster[2,1,2048]",
+                        help="Spark master (default: local-cluster[2,1,2048])")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    from raydist.engine.procs import ray_processes, wait_no_ray_processes
+    from raydist.engine.spark import embedded_session
+
+    before = {p.pid for p in ray_processes()}
+    spark = embedded_session(args.master, {"spark.ui.enabled": "false"})
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.parallelize(range(2), 2).count()  # warm the executors' Python workers
+
+    anchor: list[float] = []
+    ours: list[float] = []
+    ours_down: list[float] = []
+    try:
+        for i in range(args.rounds):
+            a_up, a_down = anchor_once(spark)
+            wait_no_ray_processes(30, ignore=before)
+            anchor.append(a_up)
+            print(f"round {i}: ray.util.spark ready {a_up:6.2f} s  shutdown {a_down:5.2f} s", flush=True)
+            r_up, r_down = raydist_once(spark, i)
+            ours.append(r_up)
+            ours_down.append(r_down)
+            print(f"round {i}: raydist         ready {r_up:6.2f} s  down     {r_down:5.2f} s", flush=True)
+        leftover = len([p for p in ray_processes() if p.pid not in before])
+    finally:
+        spark.stop()
+
+    a_med, r_med, d_med = statistics.median(anchor), statistics.median(ours), statistics.median(ours_down)
+    print(f"median ready: ray.util.spark {a_med:.2f} s, raydist {r_med:.2f} s; raydist down {d_med:.2f} s")
+    print(f"startup_ratio={r_med / a_med:.3f} teardown_s={d_med:.2f} leftover_processes={leftover}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

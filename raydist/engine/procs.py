@@ -1,0 +1,48 @@
+"""Finding Ray processes on this host, for teardown checks and leak counts."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+
+__all__ = ["ray_processes", "wait_no_ray_processes"]
+
+#: Ray processes recognised by their command line or, for the ones Ray
+#: renames (``ray::IDLE``, ``ray::DashboardAgent``), their title.
+RAY_MARKERS = (
+    "raylet",
+    "gcs_server",
+    "ray::",
+    "raydist.engine.supervisor",
+    "ray/dashboard",
+    "ray.util.client.server",
+    "ray/_private/log_monitor",
+    "ray/autoscaler/_private/monitor",
+)
+
+
+def ray_processes() -> list[psutil.Process]:
+    """Live Ray processes on this host (zombies excluded)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "name", "status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            text = " ".join(proc.info["cmdline"] or ()) or (proc.info["name"] or "")
+        except psutil.Error:
+            continue
+        if any(m in text for m in RAY_MARKERS):
+            found.append(proc)
+    return found
+
+
+def wait_no_ray_processes(timeout: float = 20.0, ignore: set[int] | None = None) -> list[psutil.Process]:
+    """Wait until no Ray process (outside ``ignore``) is alive; return what is left."""
+    ignore = ignore or set()
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in ray_processes() if p.pid not in ignore]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)

@@ -1,0 +1,61 @@
+"""Sizing rules: shares of the host, /dev/shm caps, GPU address mapping."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from raydist.engine.sizing import embedded_master, node_size, visible_gpus
+from raydist.errors import SpecError
+from raydist.spec import MIN_OBJECT_STORE
+
+GiB = 1 << 30
+
+
+@given(
+    host=st.integers(1 * GiB, 1024 * GiB),
+    shm=st.integers(0, 512 * GiB),
+    nodes=st.integers(1, 64),
+)
+def test_object_store_never_exceeds_shm_share(host: int, shm: int, nodes: int) -> None:
+    size = node_size(host_memory=host, shm_bytes=shm, nodes_on_host=nodes)
+    if shm:
+        assert size.object_store <= max(int(shm * 0.8) // nodes, MIN_OBJECT_STORE)
+    assert size.object_store >= MIN_OBJECT_STORE
+    assert size.memory > 0
+
+
+def test_share_splits_what_the_jvms_leave() -> None:
+    a = node_size(host_memory=24 * GiB, shm_bytes=12 * GiB, nodes_on_host=3, jvm_bytes_on_host=4 * GiB)
+    b = node_size(host_memory=24 * GiB, shm_bytes=12 * GiB, nodes_on_host=3)
+    assert a.memory + a.object_store < b.memory + b.object_store
+    assert a.memory + a.object_store <= (24 - 4) * GiB * 0.8 / 3 + 1
+
+
+def test_explicit_object_store_over_shm_is_an_error() -> None:
+    with pytest.raises(SpecError, match="/dev/shm"):
+        node_size(host_memory=64 * GiB, shm_bytes=1 * GiB, nodes_on_host=1, object_store=2 * GiB)
+
+
+def test_gpu_addresses_without_executor_mask() -> None:
+    assert visible_gpus(["0", "3"], None) == ["0", "3"]
+
+
+def test_gpu_addresses_are_indexes_into_executor_mask() -> None:
+    assert visible_gpus(["0", "1"], "4,5,6") == ["4", "5"]
+    # A discovery script that reports the ids it sees is also understood.
+    assert visible_gpus(["6"], "4,5,6") == ["6"]
+
+
+def test_gpu_address_outside_mask_is_an_error() -> None:
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES"):
+        visible_gpus(["7"], "4,5")
+
+
+@pytest.mark.parametrize("cpus,execs", [(2, 2), (16, 2), (1, 2)])
+def test_embedded_master_leaves_room(cpus: int, execs: int) -> None:
+    master = embedded_master(cpus, 24 * GiB)
+    n, c, m = (int(x) for x in master[len("local-cluster["):-1].split(","))
+    assert n == execs and c >= 1 and 1024 <= m <= 8192
+    assert n * c <= max(cpus - 1, n)

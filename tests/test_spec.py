@@ -1,0 +1,135 @@
+"""ClusterSpec validation: every bad value is rejected with the field named."""
+
+from __future__ import annotations
+
+import string
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from raydist.errors import SpecError
+from raydist.spec import MANAGED_RAY_OPTIONS, ClusterSpec, parse_size
+
+DNS = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+
+
+@given(DNS)
+def test_dns_label_names_are_accepted(name: str) -> None:
+    assert ClusterSpec(name=name).name == name
+
+
+@given(st.text(min_size=0, max_size=80))
+def test_other_names_are_rejected_naming_the_field(name: str) -> None:
+    import re
+
+    if re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", name):
+        return
+    with pytest.raises(SpecError) as err:
+        ClusterSpec(name=name)
+    assert err.value.field == "name"
+    assert "DNS label" in str(err.value)
+
+
+@given(st.integers())
+def test_worker_counts_outside_bounds_name_the_field(n: int) -> None:
+    if 0 <= n <= 4096:
+        assert ClusterSpec(name="a", workers=n).desired_workers == n
+    else:
+        with pytest.raises(SpecError) as err:
+            ClusterSpec(name="a", workers=n)
+        assert err.value.field == "workers" and str(n) in str(err.value)
+
+
+@given(st.integers(0, 50), st.integers(0, 50))
+def test_min_max_workers(low: int, high: int) -> None:
+    if low <= high:
+        spec = ClusterSpec(name="a", min_workers=low, max_workers=high)
+        assert (spec.required_workers, spec.desired_workers) == (low, high)
+    else:
+        with pytest.raises(SpecError, match="min_workers"):
+            ClusterSpec(name="a", min_workers=low, max_workers=high)
+
+
+def test_workers_and_max_workers_must_agree() -> None:
+    with pytest.raises(SpecError, match="disagree"):
+        ClusterSpec(name="a", workers=2, max_workers=3)
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True))
+def test_gpus(g: float) -> None:
+    ok = g == g and 0 <= g <= 64 and (g <= 1 or float(g).is_integer())
+    if ok:
+        assert ClusterSpec(name="a", gpus_per_worker=g).gpus_per_worker == g
+    else:
+        with pytest.raises(SpecError) as err:
+            ClusterSpec(name="a", gpus_per_worker=g)
+        assert err.value.field == "gpus_per_worker"
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [("4g", 4 << 30), ("512m", 512 << 20), ("512MiB", 512 << 20), ("1.5G", int(1.5 * (1 << 30))), (1024, 1024)],
+)
+def test_parse_size(text: object, expected: int) -> None:
+    assert parse_size(text, "memory_per_worker") == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", ["lots", "-1g", "4x", True, float("nan")])
+def test_bad_sizes_name_the_field(bad: object) -> None:
+    with pytest.raises(SpecError) as err:
+        ClusterSpec(name="a", memory_per_worker=bad)  # type: ignore[arg-type]
+    assert err.value.field == "memory_per_worker"
+
+
+def test_object_store_below_ray_minimum() -> None:
+    with pytest.raises(SpecError, match="at least 75.0MiB"):
+        ClusterSpec(name="a", object_store_per_worker="10m")
+
+
+@pytest.mark.parametrize("option", sorted(MANAGED_RAY_OPTIONS))
+def test_managed_ray_options_are_refused(option: str) -> None:
+    with pytest.raises(SpecError, match="sets this `ray start` option itself"):
+        ClusterSpec(name="a", ray_start_options={option: "1"})
+
+
+@given(st.text(alphabet=string.ascii_letters + "._-", min_size=1, max_size=30))
+def test_spark_conf_keys_must_be_spark_settings(key: str) -> None:
+    if key.startswith("spark."):
+        assert ClusterSpec(name="a", spark_conf={key: "1"}).spark_conf[key] == "1"
+    else:
+        with pytest.raises(SpecError, match="start with 'spark.'"):
+            ClusterSpec(name="a", spark_conf={key: "1"})
+
+
+def test_reserved_env_and_oversized_values() -> None:
+    with pytest.raises(SpecError, match="RAY_AUTH"):
+        ClusterSpec(name="a", env={"RAY_AUTH_TOKEN": "x"})
+    with pytest.raises(SpecError, match="at most 4096"):
+        ClusterSpec(name="a", env={"X": "y" * 5000})
+
+
+def test_repr_hides_env_values_and_defaults() -> None:
+    spec = ClusterSpec(name="demo", workers=3, env={"SECRET": "hunter2"})
+    text = repr(spec)
+    assert "hunter2" not in text and "SECRET" in text
+    assert "head_cpus" not in text
+
+
+@settings(max_examples=50)
+@given(
+    name=DNS,
+    workers=st.integers(0, 64),
+    cpus=st.one_of(st.none(), st.integers(1, 64)),
+    gpus=st.sampled_from([0, 0.25, 0.5, 1, 2]),
+    conf=st.dictionaries(st.from_regex(r"\Aspark\.[a-z]{1,10}\Z"), st.text(max_size=20), max_size=3),
+)
+def test_dict_round_trip(name: str, workers: int, cpus: int | None, gpus: float, conf: dict[str, str]) -> None:
+    spec = ClusterSpec(name=name, workers=workers, cpus_per_worker=cpus, gpus_per_worker=gpus, spark_conf=conf)
+    assert ClusterSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_from_dict_rejects_unknown_fields() -> None:
+    with pytest.raises(SpecError) as err:
+        ClusterSpec.from_dict({"name": "a", "wrokers": 2})
+    assert err.value.field == "wrokers"
