@@ -2,6 +2,8 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 export RAY_USAGE_STATS_ENABLED := 0
+# Tools spawned by name (`ray`, used by ray.util.spark) must come from .venv.
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
 .PHONY: venv demo test test-fast bench-startup protos lint
 

@@ -1,0 +1,108 @@
+"""What every facade shares: argument checks, Ray Train configs, fit."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from raydist.errors import TrainingConfigError
+
+__all__ = ["Facade"]
+
+
+class Facade:
+    """Builds one Ray Train trainer from a few arguments and runs it on a
+    raydist cluster. Subclasses say which Ray trainer and how the user's
+    function is wrapped; the Ray objects stay reachable (``.trainer``)."""
+
+    def __init__(
+        self,
+        train_fn: Callable[..., Any],
+        *,
+        config: Mapping[str, Any] | None = None,
+        workers: int = 2,
+        use_gpu: bool = False,
+        resources_per_worker: Mapping[str, float] | None = None,
+        run_config: Any = None,
+        failure_config: Any = None,
+        checkpoint_config: Any = None,
+        cluster: Any = None,
+        **trainer_kwargs: Any,
+    ) -> None:
+        if not callable(train_fn):
+            raise TrainingConfigError("train_fn", train_fn, "expected a function run on every worker")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise TrainingConfigError("workers", workers, "expected a whole number of at least 1")
+        if resources_per_worker is not None and not isinstance(resources_per_worker, Mapping):
+            raise TrainingConfigError(
+                "resources_per_worker", resources_per_worker, 'expected a mapping such as {"CPU": 1}'
+            )
+        self.train_fn = train_fn
+        self.config = dict(config or {})
+        self.workers = workers
+        self.use_gpu = bool(use_gpu)
+        self.resources_per_worker = dict(resources_per_worker or {"CPU": 1})
+        self.run_config = run_config
+        self.failure_config = failure_config
+        self.checkpoint_config = checkpoint_config
+        self.cluster = cluster
+        self.trainer_kwargs = trainer_kwargs
+        self.trainer: Any = None
+        """The Ray Train trainer of the last ``fit`` (built lazily)."""
+
+    # subclass hooks ----------------------------------------------------------
+
+    def _ray_trainer_class(self) -> Any:
+        raise NotImplementedError
+
+    def _worker_fn(self) -> Callable[..., Any]:
+        return self.train_fn
+
+    def _extra_kwargs(self) -> dict[str, Any]:
+        return {}
+
+    # building and running ----------------------------------------------------
+
+    def scaling_config(self) -> Any:
+        from ray.train import ScalingConfig
+
+        return ScalingConfig(
+            num_workers=self.workers, use_gpu=self.use_gpu, resources_per_worker=self.resources_per_worker
+        )
+
+    def build_run_config(self) -> Any:
+        from ray.train import RunConfig
+
+        run = self.run_config or RunConfig()
+        changes = {}
+        if self.failure_config is not None:
+            changes["failure_config"] = self.failure_config
+        if self.checkpoint_config is not None:
+            changes["checkpoint_config"] = self.checkpoint_config
+        if changes:
+            import dataclasses
+
+            run = dataclasses.replace(run, **changes)
+        return run
+
+    def build(self) -> Any:
+        """The Ray Train trainer this facade runs (for users who need more)."""
+        cls = self._ray_trainer_class()
+        self.trainer = cls(
+            self._worker_fn(),
+            train_loop_config=self.config,
+            scaling_config=self.scaling_config(),
+            run_config=self.build_run_config(),
+            **self._extra_kwargs(),
+            **self.trainer_kwargs,
+        )
+        return self.trainer
+
+    def fit(self) -> Any:
+        """Train on the cluster; returns Ray Train's ``Result``
+        (``.metrics``, ``.checkpoint``, ``.return_value`` of rank 0)."""
+        from raydist.train._connect import connected
+
+        cpus = int(self.resources_per_worker.get("CPU", 1) or 0)
+        with connected(self.cluster, workers=self.workers, cpus_per_worker=cpus, use_gpu=self.use_gpu):
+            return self.build().fit()

@@ -1,0 +1,53 @@
+"""TensorFlow/Keras on a raydist cluster through Ray Train's ``TensorflowTrainer``.
+
+Keras 3 (the default ``tf.keras`` of TensorFlow 2.16+) crashes in ``model.fit``
+under ``MultiWorkerMirroredStrategy`` with ``ValueError: Attempt to convert a
+value (PerReplica:...) to a Tensor`` — a Keras bug that happens without Ray too
+(keras-team/keras#20585, ray-project/ray#47464). raydist's default is legacy
+Keras 2 (the ``tf-keras`` package, selected by ``TF_USE_LEGACY_KERAS=1`` in
+every training worker before TensorFlow loads), which runs stock
+``model.fit`` code under the strategy unchanged. Pass ``legacy_keras=False``
+to get Keras 3 anyway (custom training loops work there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from raydist.train._base import Facade
+
+__all__ = ["TensorflowTrainer", "KERAS_ENV"]
+
+#: Environment of every TensorFlow training worker under the default.
+KERAS_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+class TensorflowTrainer(Facade):
+    """Run ``train_fn(config)`` on ``workers`` workers with ``TF_CONFIG`` set,
+    so ``tf.distribute.MultiWorkerMirroredStrategy()`` spans them.
+
+    Args:
+        legacy_keras: run workers with Keras 2 (``tf-keras``); see the module
+            docstring for why this is the default.
+        Other arguments as :class:`raydist.train.TorchTrainer`.
+    """
+
+    def __init__(self, train_fn: Callable[..., Any], *, legacy_keras: bool = True, **kwargs: Any) -> None:
+        super().__init__(train_fn, **kwargs)
+        self.legacy_keras = legacy_keras
+
+    def _ray_trainer_class(self) -> Any:
+        from ray.train.tensorflow import TensorflowTrainer as RayTensorflowTrainer
+
+        return RayTensorflowTrainer
+
+    def build_run_config(self) -> Any:
+        run = super().build_run_config()
+        if not self.legacy_keras:
+            return run
+        runtime_env = dict(run.worker_runtime_env or {})
+        env_vars = {**KERAS_ENV, **dict(runtime_env.get("env_vars", {}))}
+        runtime_env["env_vars"] = env_vars
+        return dataclasses.replace(run, worker_runtime_env=runtime_env)
