@@ -72,11 +72,17 @@ def main() -> int:
             wait_no_ray_processes(30, ignore=before)
             anchor.append(a_up)
             print(f"round {i}: ray.util.spark ready {a_up:6.2f} s  shutdown {a_down:5.2f} s", flush=True)
+            wait_no_ray_processes(30, ignore=before)  # the anchor's nodes exit asynchronously
+            before_ours = {p.pid for p in ray_processes()}
             r_up, r_down = raydist_once(spark, i)
             ours.append(r_up)
             ours_down.append(r_down)
             print(f"round {i}: raydist         ready {r_up:6.2f} s  down     {r_down:5.2f} s", flush=True)
-        leftover = len([p for p in ray_processes() if p.pid not in before])
+        # Measured at once after the last down(): down() promises the processes are gone.
+        left = [p for p in ray_processes() if p.pid not in before_ours]
+        leftover = len(left)
+        for proc in left:
+            print(f"left running: pid {proc.pid} {' '.join(proc.cmdline()[:3])}")
     finally:
         spark.stop()
 

@@ -67,12 +67,16 @@ class DeepSpeedContext:
             kwargs["model_parameters"] = model.parameters()
         return deepspeed.initialize(model=model, optimizer=optimizer, config=self.config, **kwargs)
 
-    def save_checkpoint(self, engine: Any, metrics: Mapping[str, Any]) -> None:
-        """Save a DeepSpeed checkpoint of every rank and report it to Ray Train."""
+    def save_checkpoint(
+        self, engine: Any, metrics: Mapping[str, Any], client_state: Mapping[str, Any] | None = None
+    ) -> None:
+        """Save a DeepSpeed checkpoint (every rank's shard, with
+        ``client_state`` such as the epoch) and report it to Ray Train.
+        Every rank must call it: saving a ZeRO checkpoint is collective."""
         import ray.train
 
         with tempfile.TemporaryDirectory(prefix="raydist-ds-ckpt-") as tmp:
-            engine.save_checkpoint(tmp)
+            engine.save_checkpoint(tmp, client_state=dict(client_state or {}))
             ray.train.report(dict(metrics), checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
     def load_checkpoint(self, engine: Any) -> dict[str, Any] | None:

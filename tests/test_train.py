@@ -1,0 +1,143 @@
+"""raydist.train and raydist.compat on a real raydist cluster (2 CPU workers)."""
+
+from __future__ import annotations
+
+import pytest
+
+import raydist
+from raydist.errors import TrainingConfigError
+
+from . import train_fns
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster(spark):
+    from ray import cloudpickle
+
+    # Ship the test's training functions by value: Ray workers cannot import `tests`.
+    cloudpickle.register_pickle_by_value(train_fns)
+    c = raydist.up(spark, name="train", workers=2, cpus_per_worker=1)
+    yield c
+    c.down()
+    cloudpickle.unregister_pickle_by_value(train_fns)
+
+
+def test_torch_trains_and_resumes_from_checkpoint(cluster, tmp_path) -> None:
+    from ray.train import RunConfig
+
+    from raydist.train import TorchTrainer
+
+    run = RunConfig(storage_path=str(tmp_path), name="torch")
+    first = TorchTrainer(train_fns.torch_fn, config={"epochs": 4}, workers=2, cluster=cluster, run_config=run).fit()
+    assert first.error is None
+    out = first.return_value
+    assert out["start"] == 0 and len(out["losses"]) == 4
+    assert out["losses"][-1] < out["losses"][0]
+    assert first.checkpoint is not None and first.metrics["epoch"] == 3
+
+    # Ray Train V2 restores a run of the same name and storage from its latest checkpoint.
+    second = TorchTrainer(train_fns.torch_fn, config={"epochs": 6}, workers=2, cluster=cluster, run_config=run).fit()
+    assert second.return_value["start"] == 4
+    assert second.return_value["losses"][0] < out["losses"][0]
+
+
+def test_worker_loss_resumes_from_last_checkpoint(cluster, tmp_path) -> None:
+    from ray.train import FailureConfig, RunConfig
+
+    from raydist.train import TorchTrainer
+
+    result = TorchTrainer(
+        train_fns.torch_fn, config={"epochs": 6, "crash_at": 3}, workers=2, cluster=cluster,
+        run_config=RunConfig(storage_path=str(tmp_path), name="crash"),
+        failure_config=FailureConfig(max_failures=1),
+    ).fit()
+    assert result.error is None
+    assert result.return_value["start"] >= 1  # resumed from a checkpoint, not from scratch
+    assert result.metrics["epoch"] == 5
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_zero_on_cpu(cluster, tmp_path, stage: int) -> None:
+    from ray.train import RunConfig
+
+    from raydist.train import DeepSpeedTrainer
+
+    config = {"train_micro_batch_size_per_gpu": 256, "zero_optimization": {"stage": stage}}
+    result = DeepSpeedTrainer(
+        train_fns.deepspeed_fn, deepspeed_config=config, config={"epochs": 5, "checkpoint": True},
+        workers=2, cluster=cluster, run_config=RunConfig(storage_path=str(tmp_path), name=f"ds{stage}"),
+    ).fit()
+    assert result.error is None
+    out = result.return_value
+    assert out["zero"] == stage and out["rank"] == 0
+    assert out["losses"][-1] < out["losses"][0]
+    assert result.checkpoint is not None
+    again = DeepSpeedTrainer(
+        train_fns.deepspeed_fn, deepspeed_config=config, config={"epochs": 2}, workers=2, cluster=cluster,
+        run_config=RunConfig(storage_path=str(tmp_path), name=f"ds{stage}"),
+    ).fit()
+    assert again.return_value["start"] == 5
+
+
+def test_keras_fit_under_the_strategy(cluster, tmp_path) -> None:
+    from ray.train import RunConfig
+
+    from raydist.compat import MirroredStrategyRunner
+    from raydist.train import TensorflowTrainer
+
+    result = TensorflowTrainer(train_fns.keras_fn, config={"epochs": 4}, workers=2, cluster=cluster,
+                               run_config=RunConfig(storage_path=str(tmp_path), name="keras")).fit()
+    assert result.error is None
+    losses = result.return_value["losses"]
+    assert len(losses) == 4 and losses[-1] < losses[0]
+    assert result.return_value["keras"].startswith("tf_keras")
+
+    out = MirroredStrategyRunner(num_slots=2, use_gpu=False, cluster=cluster).run(train_fns.keras_runner_fn, epochs=3)
+    assert len(out["losses"]) == 3 and out["losses"][-1] < out["losses"][0]
+
+
+def test_torch_distributor_matches_pyspark(cluster, spark) -> None:
+    from pyspark.ml.torch.distributor import TorchDistributor as SparkTorchDistributor
+
+    from raydist.compat import TorchDistributor
+
+    from pyspark import cloudpickle as spark_cloudpickle
+
+    spark_cloudpickle.register_pickle_by_value(train_fns)  # executors cannot import `tests` either
+    ours = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, cluster=cluster).run(
+        train_fns.spark_style_torch_fn, 0.05, epochs=8
+    )
+    theirs = SparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+        train_fns.spark_style_torch_fn, 0.05, epochs=8
+    )
+    assert isinstance(ours, float) and ours == theirs
+
+
+def test_deepspeed_distributor_hands_the_config_to_functions(cluster) -> None:
+    from raydist.compat import DeepspeedTorchDistributor
+
+    config = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 2}}
+    got = DeepspeedTorchDistributor(numGpus=2, nnodes=1, useGpu=False, deepspeedConfig=config, cluster=cluster).run(
+        train_fns.deepspeed_config_fn
+    )
+    assert got == config
+
+
+def test_bad_input_fails_before_cluster_work(cluster, tmp_path) -> None:
+    from raydist.compat import DeepspeedTorchDistributor, MirroredStrategyRunner, TorchDistributor
+    from raydist.train import TorchTrainer
+
+    with pytest.raises(TrainingConfigError, match="num_processes"):
+        TorchDistributor(num_processes=0)
+    with pytest.raises(TrainingConfigError, match="no such training script"):
+        TorchDistributor(num_processes=2, use_gpu=False, cluster=cluster).run(str(tmp_path / "missing.py"))
+    with pytest.raises(TrainingConfigError, match="GPUs for 2 workers"):
+        TorchTrainer(train_fns.torch_fn, workers=2, use_gpu=True, cluster=cluster).fit()
+    with pytest.raises(TrainingConfigError, match="workers"):
+        TorchTrainer(train_fns.torch_fn, workers=0)
+    with pytest.raises(TrainingConfigError, match="zero_optimization.stage"):
+        DeepspeedTorchDistributor(numGpus=1, deepspeedConfig={"zero_optimization": {"stage": 7}})
+    with pytest.raises(TrainingConfigError, match="gpu_resource_name"):
+        MirroredStrategyRunner(num_slots=1, gpu_resource_name="tpu")

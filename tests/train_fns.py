@@ -1,0 +1,136 @@
+"""Training functions used by the training tests, importable by Ray workers
+(the tests directory is shipped with the job's working directory)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+
+def _data(seed: int = 0) -> tuple[Any, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(256, 4, generator=g)
+    y = x @ torch.tensor([1.0, -2.0, 3.0, 0.5]) + 0.1
+    return x, y
+
+
+def torch_fn(config: dict[str, Any]) -> dict[str, Any]:
+    """DDP regression that checkpoints each epoch and resumes from one."""
+    import torch
+    import ray.train
+    from ray.train.torch import prepare_model
+
+    torch.manual_seed(0)
+    x, y = _data()
+    model = prepare_model(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    start = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            state = torch.load(os.path.join(d, "state.pt"))
+        model.module.load_state_dict(state["model"]) if hasattr(model, "module") else model.load_state_dict(state["model"])
+        start = state["epoch"] + 1
+    rank = ray.train.get_context().get_world_rank()
+    losses = []
+    for epoch in range(start, config["epochs"]):
+        if config.get("crash_at") == epoch and checkpoint is None and rank == 1:
+            os.kill(os.getpid(), 9)  # a training worker dies mid-run
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x).squeeze(-1), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.item()))
+        with tempfile.TemporaryDirectory() as d:
+            ckpt = None
+            if rank == 0:
+                inner = model.module if hasattr(model, "module") else model
+                torch.save({"model": inner.state_dict(), "epoch": epoch}, os.path.join(d, "state.pt"))
+                ckpt = ray.train.Checkpoint.from_directory(d)
+            ray.train.report({"epoch": epoch, "loss": losses[-1]}, checkpoint=ckpt)
+    return {"start": start, "losses": losses}
+
+
+def deepspeed_fn(config: dict[str, Any], ds: Any) -> dict[str, Any]:
+    import torch
+    import ray.train
+
+    torch.manual_seed(0)
+    x, y = _data()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    engine, *_ = ds.initialize(model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01))
+    restored = ds.load_checkpoint(engine)
+    start = int(restored["epoch"]) + 1 if restored else 0
+    losses = []
+    for epoch in range(start, start + config["epochs"]):
+        loss = torch.nn.functional.mse_loss(engine(x).squeeze(-1), y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss.item()))
+    if config.get("checkpoint"):
+        ds.save_checkpoint(engine, {"loss": losses[-1]}, client_state={"epoch": start + len(losses) - 1})
+    return {"start": start, "losses": losses, "zero": ds.config["zero_optimization"]["stage"],
+            "rank": ray.train.get_context().get_world_rank()}
+
+
+def keras_fn(config: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(1)])
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.05), loss="mse")
+    return _fit_keras(model, config.get("epochs", 5))
+
+
+def _fit_keras(model: Any, epochs: int) -> dict[str, Any]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 4)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 3.0, 0.5], dtype="float32") + 0.1).reshape(-1, 1)
+    history = model.fit(x, y, batch_size=32, epochs=epochs, verbose=0)
+    import tensorflow as tf
+
+    return {"losses": [float(v) for v in history.history["loss"]], "keras": tf.keras.__name__}
+
+
+def keras_runner_fn(epochs: int = 5) -> dict[str, Any]:
+    """Written for spark_tensorflow_distributor: the runner opens the strategy scope."""
+    import tensorflow as tf
+
+    model = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.05), loss="mse")
+    return _fit_keras(model, epochs)
+
+
+def spark_style_torch_fn(lr: float, epochs: int = 10) -> float:
+    """Written for pyspark's TorchDistributor: it sets up its own process group."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    x, y = _data()
+    model = DDP(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for _ in range(epochs):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x[rank::world]).squeeze(-1), y[rank::world])
+        loss.backward()
+        opt.step()
+    full = torch.nn.functional.mse_loss(model(x).squeeze(-1), y).item()
+    dist.destroy_process_group()
+    return round(full, 5)
+
+
+def deepspeed_config_fn() -> dict[str, Any] | None:
+    from raydist.compat import deepspeed_config
+
+    return deepspeed_config()
