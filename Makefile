@@ -5,7 +5,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # Tools spawned by name (`ray`, used by ray.util.spark) must come from .venv.
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: venv demo test test-fast bench-startup protos lint
+.PHONY: venv demo test test-fast bench-startup bench-training lint
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -21,6 +21,9 @@ test: venv
 ## Pure-logic tests only (no Spark, no Ray cluster).
 test-fast: venv
 	$(PY) -m pytest -q -p no:cacheprovider -m "not integration" tests
+
+bench-training: venv
+	$(PY) benchmarks/training.py
 
 bench-startup: venv
 	$(PY) benchmarks/startup.py

@@ -21,7 +21,7 @@ from typing import Any
 
 from raydist.errors import SpecError
 
-__all__ = ["ClusterSpec", "State", "NodeStatus", "ClusterStatus", "parse_size", "format_size", "MAX_WORKERS", "MANAGED_RAY_OPTIONS"]
+__all__ = ["ClusterSpec", "State", "NodeStatus", "ClusterStatus", "spec_to_proto", "spec_from_proto", "parse_size", "format_size", "MAX_WORKERS", "MANAGED_RAY_OPTIONS"]
 
 #: A cluster name is a DNS label: it becomes a Spark job tag, a directory name
 #: and, on Kubernetes, part of pod labels.
@@ -369,3 +369,61 @@ class ClusterStatus:
     nodes: tuple[NodeStatus, ...] = ()
     created_at: float = 0.0
     updated_at: float = 0.0
+
+
+# Proto conversion -----------------------------------------------------------
+# The spec is the one place that knows both shapes; _proto is imported late so
+# that `import raydist` does not load protobuf.
+
+_OPTIONAL_INTS = ("workers", "min_workers", "max_workers", "cpus_per_worker")
+_SIZES = ("memory_per_worker", "object_store_per_worker", "head_memory", "head_object_store")
+_MAPS = ("spark_conf", "ray_start_options", "env")
+
+
+def spec_to_proto(spec: ClusterSpec) -> Any:
+    """ClusterSpec -> raydist.v1.ClusterSpec."""
+    from raydist._proto import pb
+
+    msg = pb.ClusterSpec(
+        name=spec.name,
+        gpus_per_worker=spec.gpus_per_worker,
+        head_cpus=spec.head_cpus,
+        head_gpus=spec.head_gpus,
+        start_timeout_s=spec.start_timeout_s,
+        self_heal=spec.self_heal,
+    )
+    for name in _OPTIONAL_INTS:
+        value = getattr(spec, name)
+        if value is not None:
+            setattr(msg, name, value)
+    for name in _SIZES:
+        setattr(msg, name, getattr(spec, name) or 0)
+    for name in _MAPS:
+        getattr(msg, name).update(dict(getattr(spec, name)))
+    return msg
+
+
+def spec_from_proto(msg: Any) -> ClusterSpec:
+    """raydist.v1.ClusterSpec -> ClusterSpec, validated (SpecError names the field)."""
+    fields: dict[str, Any] = {"name": msg.name}
+    for name in _OPTIONAL_INTS:
+        if msg.HasField(name):
+            fields[name] = getattr(msg, name)
+    if fields.get("workers") is not None and fields.get("max_workers") is not None:
+        if fields["workers"] == fields["max_workers"]:
+            del fields["max_workers"]
+    for name in _SIZES:
+        value = getattr(msg, name)
+        if value < 0:
+            raise SpecError(name, value, "expected a non-negative size in bytes (0 sizes it for you)")
+        fields[name] = value or None
+    for name in _MAPS:
+        fields[name] = dict(getattr(msg, name))
+    fields["gpus_per_worker"] = msg.gpus_per_worker
+    fields["head_cpus"] = msg.head_cpus
+    fields["head_gpus"] = msg.head_gpus
+    if msg.start_timeout_s:
+        fields["start_timeout_s"] = msg.start_timeout_s
+    if msg.HasField("self_heal"):
+        fields["self_heal"] = msg.self_heal
+    return ClusterSpec(**fields)

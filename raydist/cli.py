@@ -1,0 +1,313 @@
+"""The ``raydist`` command. It talks only to the control-plane client, and it
+owns presentation: progress, tables, JSON with ``-o json``.
+
+Exit codes: 0 ok, 1 failure, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from raydist import __version__
+from raydist.errors import ControlPlaneUnavailableError, RaydistError
+
+err = Console(stderr=True)
+out = Console()
+
+_STATE_STYLE = {"RUNNING": "green", "CREATING": "yellow", "DEGRADED": "yellow", "DELETING": "yellow",
+                "DELETED": "dim", "FAILED": "red"}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # usage errors exit 2 with the usage line
+        self.print_usage(sys.stderr)
+        err.print(f"[red]error:[/red] {message}")
+        raise SystemExit(2)
+
+
+def _conf_pair(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    return key.strip(), value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="raydist", description="Ray clusters inside Spark executors.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log more")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("-o", "--output", choices=("table", "json"), default="table")
+        sp.add_argument("--address", help="control plane host:port (default RAYDIST_ADDRESS or the local one)")
+
+    s = sub.add_parser("serve", help="run the control plane")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=50151)
+    s.add_argument("--spark-master", default=os.environ.get("RAYDIST_SPARK_MASTER"))
+    s.add_argument("--tls-cert")
+    s.add_argument("--tls-key")
+    s.add_argument("--tls-client-ca", help="require client certificates signed by this CA (mTLS)")
+    s.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0 picks one, -1 turns it off)")
+
+    u = sub.add_parser("up", help="create a cluster and wait until it is ready")
+    u.add_argument("name")
+    u.add_argument("-w", "--workers", type=int)
+    u.add_argument("--min-workers", type=int)
+    u.add_argument("--max-workers", type=int)
+    u.add_argument("--cpus-per-worker", type=int)
+    u.add_argument("--gpus-per-worker", type=float, default=0.0)
+    u.add_argument("--memory-per-worker")
+    u.add_argument("--conf", action="append", type=_conf_pair, default=[], metavar="KEY=VALUE",
+                   help="Spark setting (repeatable)")
+    u.add_argument("--restart", action="store_true", help="start it again when the control plane restarts")
+    u.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True)
+    u.add_argument("--timeout", type=float, default=600.0)
+    common(u)
+
+    d = sub.add_parser("down", help="tear a cluster down")
+    d.add_argument("name", nargs="?")
+    d.add_argument("--all", action="store_true")
+    d.add_argument("-y", "--yes", action="store_true", help="do not ask before --all")
+    common(d)
+
+    st = sub.add_parser("status", help="one cluster, or all")
+    st.add_argument("name", nargs="?")
+    common(st)
+    ls = sub.add_parser("list", help="all clusters")
+    common(ls)
+    lg = sub.add_parser("logs", help="a cluster's events")
+    lg.add_argument("name")
+    lg.add_argument("-f", "--follow", action="store_true")
+    common(lg)
+    sub.add_parser("version", help="print the version")
+    return p
+
+
+# --- helpers -----------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace, start_local: bool = False) -> Any:
+    from raydist.control.client import Client, default_address
+
+    address = args.address or default_address()
+    if address:
+        client = Client(address)
+        try:
+            client.server_info(timeout=5)
+            return client
+        except ControlPlaneUnavailableError:
+            if not start_local or args.address or os.environ.get("RAYDIST_ADDRESS"):
+                raise
+    elif not start_local:
+        raise ControlPlaneUnavailableError("no control plane: run `raydist serve` or set RAYDIST_ADDRESS")
+    return Client(_start_local_server())
+
+
+def _start_local_server() -> str:
+    """Start `raydist serve` in the background, as `ray start` does, and wait for it."""
+    from raydist.engine.ports import free_port
+    from raydist.paths import home
+
+    state = home()
+    port = free_port("127.0.0.1")
+    log_path = state / "server.log"
+    err.print(f"[dim]no control plane running; starting one on 127.0.0.1:{port} (log: {log_path})[/dim]")
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "raydist.cli", "serve", "--port", str(port)],
+            stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True,
+        )
+    deadline = time.monotonic() + 180
+    with err.status("starting the control plane (Spark first)..."):
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise ControlPlaneUnavailableError(f"the control plane exited with {proc.returncode}; see {log_path}")
+            try:
+                info = json.loads((state / "server.json").read_text())
+                if info.get("pid") == proc.pid:
+                    return str(info["address"])
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
+    raise ControlPlaneUnavailableError(f"the control plane did not start within 180 s; see {log_path}")
+
+
+def _as_dict(cluster: Any) -> dict[str, Any]:
+    from google.protobuf.json_format import MessageToDict
+
+    d = MessageToDict(cluster, preserving_proto_field_name=True)
+    d.get("spec", {}).pop("env", None)  # values may be credentials
+    return d
+
+
+def _age(cluster: Any) -> str:
+    seconds = max(0, int(time.time() - cluster.create_time.seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _table(clusters: list[Any]) -> None:
+    from raydist._proto import pb
+
+    if not clusters:
+        out.print("No clusters. Create one with: raydist up NAME -w 2")
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("NAME", "STATE", "WORKERS", "GPUS", "ADDRESS", "AGE"):
+        table.add_column(col)
+    show_msg = any(c.state in (pb.FAILED, pb.DEGRADED) for c in clusters)
+    if show_msg:
+        table.add_column("MESSAGE", overflow="fold", max_width=60)
+    for c in clusters:
+        state = pb.State.Name(c.state)
+        row = [c.spec.name, f"[{_STATE_STYLE.get(state, '')}]{state}[/]", f"{c.ready_workers}/{c.desired_workers}",
+               f"{c.gpus:g}" if c.gpus else "-", c.client_address or "-", _age(c)]
+        if show_msg:
+            row.append(c.message if c.state in (pb.FAILED, pb.DEGRADED) else "-")
+        table.add_row(*row)
+    out.print(table)
+
+
+# --- commands ----------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from raydist.control.server import ServerConfig, serve
+
+    cfg = ServerConfig(host=args.host, port=args.port, spark_master=args.spark_master, tls_cert=args.tls_cert,
+                       tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, metrics_port=args.metrics_port)
+    return asyncio.run(serve(cfg, ready=lambda addr: print(f"raydist control plane ready on {addr}", flush=True)))
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from raydist._proto import pb
+    from raydist.spec import ClusterSpec
+
+    spec = ClusterSpec(
+        name=args.name, workers=args.workers, min_workers=args.min_workers, max_workers=args.max_workers,
+        cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
+        memory_per_worker=args.memory_per_worker, spark_conf=dict(args.conf),
+    )
+    client = _client(args, start_local=True)
+    cluster = client.create(spec, request_id=uuid.uuid4().hex, restart_on_server_restart=args.restart)
+    if args.wait:
+        with err.status(f"creating {spec.name}...") as status:
+            for event in client.watch(spec.name, timeout=args.timeout):
+                c = event.cluster
+                status.update(f"{spec.name}: {pb.State.Name(event.state)} - workers "
+                              f"{c.ready_workers}/{c.desired_workers} - {event.message}")
+                cluster = c
+                if event.state in (pb.RUNNING, pb.DEGRADED, pb.FAILED, pb.DELETED):
+                    break
+        cluster = client.get(spec.name)
+    if args.output == "json":
+        out.print_json(json.dumps(_as_dict(cluster)))
+    else:
+        state = pb.State.Name(cluster.state)
+        if cluster.state == pb.FAILED:
+            err.print(f"[red]{spec.name} FAILED:[/red] {cluster.message}")
+            return 1
+        out.print(f"[bold]{spec.name}[/bold] is {state} with {cluster.ready_workers}/{cluster.desired_workers} workers")
+        if cluster.client_address:
+            out.print(f"  Ray Client:  {cluster.client_address}")
+            out.print(f"  GCS address: {cluster.address}")
+            out.print(f"  Dashboard:   {cluster.dashboard_url}")
+        out.print("Next:")
+        out.print(f"  raydist status {spec.name}")
+        out.print(f"  python -c 'import ray; ray.init(\"{cluster.client_address or 'ray://...'}\")'"
+                  "   # with RAY_AUTH_MODE=token and the token from RAYDIST_HOME/ray_auth_token")
+        out.print(f"  raydist down {spec.name}")
+    return 1 if cluster.state == pb.FAILED else 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from raydist._proto import pb
+
+    if bool(args.name) == bool(args.all):
+        err.print("[red]error:[/red] give a cluster NAME or --all")
+        return 2
+    client = _client(args)
+    names = [args.name] if args.name else [c.spec.name for c in client.list() if c.state not in (pb.DELETED,)]
+    if args.all and not args.yes:
+        if not sys.stdin.isatty():
+            err.print("[red]error:[/red] --all needs -y when not run interactively")
+            return 2
+        if input(f"Tear down {len(names)} clusters ({', '.join(names)})? [y/N] ").strip().lower() != "y":
+            return 1
+    results = []
+    for name in names:
+        with err.status(f"tearing down {name}..."):
+            results.append(client.delete(name))
+    if args.output == "json":
+        out.print_json(json.dumps([_as_dict(c) for c in results]))
+    else:
+        for c in results:
+            out.print(f"{c.spec.name}: {pb.State.Name(c.state)}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    client = _client(args)
+    clusters = [client.get(args.name)] if getattr(args, "name", None) else client.list()
+    if args.output == "json":
+        payload: Any = _as_dict(clusters[0]) if getattr(args, "name", None) else [_as_dict(c) for c in clusters]
+        out.print_json(json.dumps(payload))
+    else:
+        _table(clusters)
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from raydist._proto import pb
+
+    client = _client(args)
+    for event in client.watch(args.name, timeout=None if args.follow else 2.0):
+        when = time.strftime("%H:%M:%S", time.localtime(event.time.seconds))
+        if args.output == "json":
+            out.print_json(json.dumps({"time": event.time.ToJsonString(), "state": pb.State.Name(event.state),
+                                       "message": event.message}))
+        else:
+            out.print(f"{when} {pb.State.Name(event.state):9} {event.message}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose or args.command == "serve" else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if args.command == "version":
+        print(f"raydist {__version__}")
+        return 0
+    handlers = {"serve": cmd_serve, "up": cmd_up, "down": cmd_down, "status": cmd_status, "list": cmd_status,
+                "logs": cmd_logs}
+    try:
+        return handlers[args.command](args)
+    except RaydistError as exc:
+        from raydist.errors import SpecError
+
+        err.print(f"[red]error:[/red] {exc}")
+        return 2 if isinstance(exc, SpecError) else 1
+    except KeyboardInterrupt:
+        err.print("interrupted; the control plane keeps going: check with `raydist status`")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""``raydist.control.Client``: the typed, synchronous control-plane client.
+
+Every call has a deadline; only ``UNAVAILABLE`` is retried (with backoff), as
+the other codes are answers, not transport trouble. Errors arrive as
+:class:`raydist.errors.RPCError` carrying the status code's name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from raydist.errors import ControlPlaneUnavailableError, RPCError
+from raydist.paths import home
+
+__all__ = ["Client", "default_address"]
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+def default_address() -> str | None:
+    """``RAYDIST_ADDRESS``, else the local server recorded in ``RAYDIST_HOME``."""
+    given = os.environ.get("RAYDIST_ADDRESS")
+    if given:
+        return given
+    try:
+        return str(json.loads((home() / "server.json").read_text())["address"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _default_token() -> str | None:
+    given = os.environ.get("RAYDIST_TOKEN")
+    if given:
+        return given
+    path = home() / "control_token"
+    return path.read_text().strip() if path.exists() else None
+
+
+class Client:
+    """A connection to one control plane.
+
+    Args:
+        address: ``host:port``; default ``RAYDIST_ADDRESS`` or the local server.
+        token: bearer token; default ``RAYDIST_TOKEN`` or ``RAYDIST_HOME``'s.
+        tls_ca: CA certificate (PEM path) to verify a TLS server; enables TLS.
+        tls_cert / tls_key: client certificate for mTLS.
+        timeout: default deadline per call, in seconds.
+    """
+
+    def __init__(self, address: str | None = None, *, token: str | None = None, tls_ca: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None,
+                 timeout: float = DEFAULT_TIMEOUT_S, retries: int = 3) -> None:
+        from raydist._proto import pb, rpc
+
+        address = address or default_address()
+        if not address:
+            raise ControlPlaneUnavailableError(
+                "no control plane address: set RAYDIST_ADDRESS or start one with `raydist serve`"
+            )
+        self.address = address
+        self._pb = pb
+        self._token = token if token is not None else _default_token()
+        self.timeout = timeout
+        self.retries = retries
+        if tls_ca:
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=Path(tls_ca).read_bytes(),
+                private_key=Path(tls_key).read_bytes() if tls_key else None,
+                certificate_chain=Path(tls_cert).read_bytes() if tls_cert else None,
+            )
+            self._channel = grpc.secure_channel(address, creds)
+        else:
+            self._channel = grpc.insecure_channel(address)
+        self._stub = rpc.ClusterServiceStub(self._channel)
+
+    def _metadata(self, extra: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
+        md = [("authorization", f"Bearer {self._token}")] if self._token else []
+        return md + list(extra or [])
+
+    def _call(self, method: str, request: Any, timeout: float | None, metadata: list[tuple[str, str]] | None) -> Any:
+        fn = getattr(self._stub, method)
+        delay = 0.2
+        for attempt in range(self.retries + 1):
+            try:
+                return fn(request, timeout=timeout or self.timeout, metadata=self._metadata(metadata))
+            except grpc.RpcError as exc:
+                code = exc.code()
+                if code == grpc.StatusCode.UNAVAILABLE and attempt < self.retries:
+                    time.sleep(delay)
+                    delay *= 2
+                    continue
+                if code == grpc.StatusCode.UNAVAILABLE:
+                    raise ControlPlaneUnavailableError(
+                        f"no control plane answers at {self.address}: {exc.details()}") from None
+                raise RPCError(code.name, exc.details() or "") from None
+        raise AssertionError("unreachable")
+
+    # the API -------------------------------------------------------------------
+
+    def create(self, spec: Any, request_id: str = "", *, restart_on_server_restart: bool = False,
+               timeout: float | None = None, metadata: list[tuple[str, str]] | None = None) -> Any:
+        """Create a cluster from a ``ClusterSpec`` (or its proto); returns at once in CREATING."""
+        from raydist.spec import ClusterSpec, spec_to_proto
+
+        msg = spec_to_proto(spec) if isinstance(spec, ClusterSpec) else spec
+        msg.restart_on_server_restart = restart_on_server_restart
+        return self._call("CreateCluster", self._pb.CreateClusterRequest(spec=msg, request_id=request_id),
+                          timeout, metadata)
+
+    def get(self, name: str, *, timeout: float | None = None, metadata: list[tuple[str, str]] | None = None) -> Any:
+        return self._call("GetCluster", self._pb.GetClusterRequest(name=name), timeout, metadata)
+
+    def list(self, *, page_size: int = 0, timeout: float | None = None,
+             metadata: list[tuple[str, str]] | None = None) -> list[Any]:
+        """Every cluster, following pages."""
+        out, token = [], ""
+        while True:
+            resp = self._call("ListClusters", self._pb.ListClustersRequest(page_size=page_size, page_token=token),
+                              timeout, metadata)
+            out.extend(resp.clusters)
+            token = resp.next_page_token
+            if not token:
+                return out
+
+    def delete(self, name: str, *, allow_missing: bool = False, timeout: float | None = None,
+               metadata: list[tuple[str, str]] | None = None) -> Any:
+        return self._call("DeleteCluster", self._pb.DeleteClusterRequest(name=name, allow_missing=allow_missing),
+                          timeout or max(self.timeout, 120.0), metadata)
+
+    def server_info(self, *, timeout: float | None = None) -> Any:
+        return self._call("GetServerInfo", self._pb.GetServerInfoRequest(), timeout, None)
+
+    def watch(self, name: str, *, timeout: float | None = None) -> Iterator[Any]:
+        """Events of one cluster: its current state first, then each change
+        until DELETED or FAILED (or the deadline)."""
+        try:
+            yield from self._stub.WatchCluster(self._pb.WatchClusterRequest(name=name), timeout=timeout or 600.0,
+                                               metadata=self._metadata())
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return
+            raise RPCError(exc.code().name, exc.details() or "") from None
+
+    def wait(self, name: str, *, timeout: float = 600.0) -> Any:
+        """Block until the cluster is RUNNING, DEGRADED or terminal; returns it."""
+        pb = self._pb
+        for event in self.watch(name, timeout=timeout):
+            if event.state in (pb.RUNNING, pb.DEGRADED, pb.FAILED, pb.DELETED):
+                return event.cluster
+        return self.get(name)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,251 @@
+"""Many named clusters on one SparkSession, with durable state.
+
+The manager wraps the engine for the server: it owns the SparkSession of the
+control plane's Spark target, starts and tears down ``RayCluster`` objects
+off the event loop, writes every state change and event to the store, and
+keeps an in-memory copy of each cluster's proto so reads never touch SQLite.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from raydist.control.store import ClusterRow, Store
+from raydist.engine.cluster import RayCluster
+from raydist.errors import ClusterExistsError, ClusterNotFoundError, SpecError
+from raydist.spec import ClusterSpec, State, spec_from_proto, spec_to_proto
+
+__all__ = ["ClusterManager"]
+
+log = logging.getLogger(__name__)
+
+
+def _ts(t: float) -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(int(t * 1e9))
+    return ts
+
+
+class ClusterManager:
+    """The control plane's clusters: engine objects, store rows, cached protos."""
+
+    def __init__(self, store: Store, spark_factory: Callable[[], Any], on_change: Callable[[str], None]) -> None:
+        from raydist._proto import pb
+
+        self._pb = pb
+        self._store = store
+        self._spark_factory = spark_factory
+        self._spark: Any = None
+        self._on_change = on_change
+        self._lock = threading.RLock()
+        self._engines: dict[str, RayCluster] = {}
+        self._cache: dict[str, Any] = {}
+        self._spark_lock = threading.Lock()
+
+    # Spark -------------------------------------------------------------------
+
+    @property
+    def spark(self) -> Any:
+        with self._spark_lock:
+            if self._spark is None:
+                self._spark = self._spark_factory()
+            return self._spark
+
+    def spark_info(self) -> tuple[str, str]:
+        """(master, UI URL) of the Spark target; empty while Spark starts."""
+        spark = self._spark
+        if spark is None:
+            return "", ""
+        return spark.sparkContext.master, spark.sparkContext.uiWebUrl or ""
+
+    # reads (from memory) ----------------------------------------------------
+
+    def get(self, name: str) -> Any:
+        with self._lock:
+            msg = self._cache.get(name)
+        if msg is None:
+            raise ClusterNotFoundError(name)
+        return msg
+
+    def list(self, page_size: int, page_token: str) -> tuple[list[Any], str]:
+        if page_size < 0 or page_size > 1000:
+            raise SpecError("page_size", page_size, "expected 0 (default 100) to 1000")
+        size = page_size or 100
+        with self._lock:
+            names = sorted(n for n in self._cache if n > page_token)
+            page = [self._cache[n] for n in names[:size]]
+        token = names[size - 1] if len(names) > size else ""
+        return page, token
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._cache)
+
+    def states(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        with self._lock:
+            for msg in self._cache.values():
+                name = self._pb.State.Name(msg.state)
+                out[name] = out.get(name, 0) + 1
+        return out
+
+    # writes ----------------------------------------------------------------
+
+    def create(self, spec_msg: Any, request_id: str) -> Any:
+        spec = spec_from_proto(spec_msg)
+        restart = bool(spec_msg.restart_on_server_restart)
+        with self._lock:
+            row = self._store.get(spec.name)
+            if row is not None and row.state not in (State.DELETED.value, State.FAILED.value):
+                if request_id and row.request_id == request_id:
+                    return self._cache[spec.name]
+                if row.spec == spec.to_dict():
+                    detail = "it is already running with this spec; use another name or delete it first"
+                else:
+                    detail = "with another spec; delete it first or pick another name"
+                raise ClusterExistsError(spec.name, detail)
+            row = ClusterRow(name=spec.name, spec=spec.to_dict(), state=State.CREATING.value, message="accepted",
+                             desired_workers=spec.desired_workers, request_id=request_id, restart=restart)
+            self._store.put(row)
+            self._store.add_event(spec.name, row.state, "accepted")
+            self._refresh(row)
+        threading.Thread(target=self._start, args=(spec, row), name=f"raydist-create-{spec.name}", daemon=True).start()
+        return self.get(spec.name)
+
+    def _start(self, spec: ClusterSpec, row: ClusterRow) -> None:
+        def on_event(state: str, message: str) -> None:
+            self._store.add_event(spec.name, state, message)
+            self._sync(spec.name)
+
+        try:
+            engine = RayCluster(spec, self.spark, on_event=on_event)
+            with self._lock:
+                self._engines[spec.name] = engine
+            engine.start()
+        except Exception as exc:  # noqa: BLE001 - the reason goes to the store and the watchers
+            log.warning("cluster %s failed to start: %s", spec.name, exc)
+            with self._lock:
+                self._engines.pop(spec.name, None)
+                current = self._store.get(spec.name)
+                if current is not None and current.state != State.DELETED.value:
+                    current.state = State.FAILED.value
+                    current.message = str(exc)[:2000]
+                    self._store.put(current)
+                    self._store.add_event(spec.name, current.state, current.message)
+                    self._refresh(current)
+            return
+        self._sync(spec.name)
+
+    def _sync(self, name: str) -> None:
+        """Copy an engine's observed status into the store and the cache."""
+        with self._lock:
+            engine = self._engines.get(name)
+            row = self._store.get(name)
+            if engine is None or row is None:
+                return
+            st = engine.status()
+            row.state = st.state.value
+            row.message = st.message
+            row.ready_workers = st.ready_workers
+            row.desired_workers = st.desired_workers
+            row.address, row.client_address, row.dashboard_url = st.address, st.client_address, st.dashboard_url
+            self._store.put(row)
+            self._refresh(row)
+
+    def delete(self, name: str, allow_missing: bool) -> Any:
+        with self._lock:
+            row = self._store.get(name)
+            if row is None or row.state == State.DELETED.value:
+                if allow_missing or row is not None:
+                    return self._cache.get(name) or self._pb.Cluster(
+                        spec=self._pb.ClusterSpec(name=name), state=self._pb.DELETED
+                    )
+                raise ClusterNotFoundError(name)
+            engine = self._engines.pop(name, None)
+            row.state = State.DELETING.value
+            row.message = "tearing down"
+            self._store.put(row)
+            self._store.add_event(name, row.state, row.message)
+            self._refresh(row)
+        if engine is not None:
+            engine.down()
+        with self._lock:
+            row = self._store.get(name) or row
+            row.state, row.message, row.ready_workers = State.DELETED.value, "deleted", 0
+            row.address = row.client_address = row.dashboard_url = ""
+            self._store.put(row)
+            self._store.add_event(name, row.state, row.message)
+            self._refresh(row)
+        return self.get(name)
+
+    def events_after(self, name: str, after_id: int) -> list[tuple[int, float, str, str]]:
+        return self._store.events(name, after_id)
+
+    # restart and shutdown ---------------------------------------------------
+
+    def reconcile(self) -> list[str]:
+        """After a restart: every cluster the last server ran is either started
+        again (its spec asks for it) or marked FAILED with the reason. The old
+        server's Ray processes died with it (their supervisors watch it)."""
+        restarted = []
+        for row in self._store.list(limit=1_000_000):
+            if row.state in (State.DELETED.value, State.FAILED.value):
+                self._refresh(row)
+                continue
+            if row.restart:
+                spec = ClusterSpec.from_dict(row.spec)
+                msg = spec_to_proto(spec)
+                msg.restart_on_server_restart = True
+                self._store.delete(row.name)
+                self._store.add_event(row.name, State.CREATING.value, "control plane restarted; starting again")
+                self.create(msg, row.request_id)
+                restarted.append(row.name)
+            else:
+                row.state = State.FAILED.value
+                row.message = "the control plane restarted; the cluster's Ray processes were stopped with it"
+                row.ready_workers = 0
+                self._store.put(row)
+                self._store.add_event(row.name, row.state, row.message)
+                self._refresh(row)
+        return restarted
+
+    def shutdown(self) -> None:
+        with self._lock:
+            names = list(self._engines)
+        for name in names:
+            try:
+                self.delete(name, allow_missing=True)
+            except Exception:  # noqa: BLE001 - tear down as much as possible
+                log.exception("tearing down %s", name)
+        if self._spark is not None:
+            self._spark.stop()
+
+    # cache -------------------------------------------------------------------
+
+    def _refresh(self, row: ClusterRow) -> None:
+        pb = self._pb
+        spec = ClusterSpec.from_dict(row.spec)
+        spec_msg = spec_to_proto(spec)
+        spec_msg.restart_on_server_restart = row.restart
+        msg = pb.Cluster(
+            spec=spec_msg,
+            state=pb.State.Value(row.state),
+            ready_workers=row.ready_workers,
+            desired_workers=row.desired_workers,
+            address=row.address,
+            client_address=row.client_address,
+            dashboard_url=row.dashboard_url,
+            create_time=_ts(row.created),
+            update_time=_ts(row.updated or time.time()),
+            message=row.message,
+            gpus=spec.total_gpus,
+        )
+        with self._lock:
+            self._cache[row.name] = msg
+        self._on_change(row.name)

@@ -1,0 +1,301 @@
+"""``raydist serve``: the gRPC control plane (grpc.aio).
+
+One SparkSession for the server's Spark target; many named clusters on it.
+Bearer-token auth on every RPC but health checks; TLS (and mTLS) when given
+certificates; standard health and reflection services; Prometheus metrics;
+graceful shutdown on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import os
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from raydist import __version__
+from raydist._proto import pb, rpc
+from raydist.control.manager import ClusterManager, _ts
+from raydist.control.status import code_for
+from raydist.control.store import Store
+from raydist.errors import RaydistError
+from raydist.paths import home, private_file
+
+__all__ = ["ServerConfig", "serve", "load_or_create_server_token", "SERVER_FILE"]
+
+log = logging.getLogger(__name__)
+
+SERVER_FILE = "server.json"
+_TOKEN_FILE = "control_token"
+_TERMINAL = (pb.DELETED, pb.FAILED)
+
+
+def load_or_create_server_token() -> str:
+    """``RAYDIST_TOKEN``, else the token in ``RAYDIST_HOME`` (made on first start, 0600)."""
+    given = os.environ.get("RAYDIST_TOKEN")
+    if given:
+        return given
+    path = home() / _TOKEN_FILE
+    if path.exists() and path.read_text().strip():
+        return path.read_text().strip()
+    token = secrets.token_urlsafe(32)
+    private_file(path, token + "\n")
+    return token
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 50151
+    spark_master: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    metrics_port: int = 0
+    grace_s: float = 10.0
+
+
+class _AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Every RPC but health checks needs ``authorization: Bearer <token>``."""
+
+    def __init__(self, token: str, metrics: Any) -> None:
+        self._token = f"Bearer {token}".encode()
+        self._metrics = metrics
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method = details.method
+        if method.startswith("/grpc.health.v1.Health/"):
+            return await continuation(details)
+        given = b""
+        for key, value in details.invocation_metadata or ():
+            if key == "authorization":
+                given = value.encode() if isinstance(value, str) else value
+        if not hmac.compare_digest(given, self._token):
+            self._metrics.count(method, "UNAUTHENTICATED")
+            log.warning("refused %s: %s bearer token", method, "wrong" if given else "no")
+
+            async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+
+            handler = await continuation(details)
+            if handler is not None and handler.response_streaming:
+
+                async def deny_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+                    yield  # pragma: no cover
+
+                return grpc.unary_stream_rpc_method_handler(deny_stream)
+            return grpc.unary_unary_rpc_method_handler(deny)
+        return await continuation(details)
+
+
+class _Metrics:
+    """Prometheus metrics: clusters by state, RPC counts and latency."""
+
+    def __init__(self, manager_states: Callable[[], dict[str, int]]) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        self._count = Counter("raydist_rpc_total", "RPCs by method and status code", ["method", "code"],
+                              registry=self.registry)
+        self._latency = Histogram("raydist_rpc_seconds", "RPC latency", ["method"], registry=self.registry,
+                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5))
+        gauge = Gauge("raydist_clusters", "Clusters by state", ["state"], registry=self.registry)
+        self._states = manager_states
+        self._gauge = gauge
+
+    def count(self, method: str, code: str) -> None:
+        self._count.labels(method, code).inc()
+
+    def observe(self, method: str, seconds: float) -> None:
+        self._latency.labels(method).observe(seconds)
+
+    def refresh_gauges(self) -> None:
+        states = self._states()
+        for name in pb.State.keys()[1:]:
+            self._gauge.labels(name).set(states.get(name, 0))
+
+    def start(self, host: str, port: int) -> int:
+        from prometheus_client import start_http_server
+
+        self.refresh_gauges()
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        return int(server.server_port)
+
+
+class ClusterService(rpc.ClusterServiceServicer):
+    def __init__(self, manager: ClusterManager, metrics: _Metrics, changed: asyncio.Condition) -> None:
+        self.m = manager
+        self.metrics = metrics
+        self.changed = changed
+
+    async def _call(self, name: str, context: grpc.aio.ServicerContext, fn: Callable[[], Any],
+                    blocking: bool = False) -> Any:
+        start = time.perf_counter()
+        code = "OK"
+        try:
+            return await asyncio.to_thread(fn) if blocking else fn()
+        except RaydistError as exc:
+            code = code_for(exc).name
+            await context.abort(code_for(exc), str(exc))
+        except Exception:
+            code = "INTERNAL"
+            log.exception("%s failed", name)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{name} failed inside the server; see its log")
+        finally:
+            self.metrics.count(name, code)
+            self.metrics.observe(name, time.perf_counter() - start)
+
+    async def CreateCluster(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        return await self._call("CreateCluster", context,
+                                lambda: self.m.create(request.spec, request.request_id), blocking=True)
+
+    async def GetCluster(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        return await self._call("GetCluster", context, lambda: self.m.get(request.name))
+
+    async def ListClusters(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        def run() -> Any:
+            clusters, token = self.m.list(request.page_size, request.page_token)
+            return pb.ListClustersResponse(clusters=clusters, next_page_token=token)
+
+        return await self._call("ListClusters", context, run)
+
+    async def DeleteCluster(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        return await self._call("DeleteCluster", context,
+                                lambda: self.m.delete(request.name, request.allow_missing), blocking=True)
+
+    async def GetServerInfo(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        def info() -> Any:
+            master, ui = self.m.spark_info()
+            return pb.ServerInfo(version=__version__, spark_master=master, spark_ui_url=ui, clusters=self.m.count())
+
+        return await self._call("GetServerInfo", context, info)
+
+    async def WatchCluster(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        try:
+            current = self.m.get(request.name)
+        except RaydistError as exc:
+            self.metrics.count("WatchCluster", code_for(exc).name)
+            await context.abort(code_for(exc), str(exc))
+            return
+        self.metrics.count("WatchCluster", "OK")
+        events = await asyncio.to_thread(self.m.events_after, request.name, 0)
+        last = events[-1][0] if events else 0
+        yield pb.ClusterEvent(name=request.name, state=current.state, message=current.message,
+                              time=current.update_time, cluster=current)
+        if current.state in _TERMINAL:
+            return
+        while True:
+            async with self.changed:
+                try:
+                    await asyncio.wait_for(self.changed.wait(), timeout=1.0)
+                except asyncio.TimeoutError:
+                    pass
+            new = await asyncio.to_thread(self.m.events_after, request.name, last)
+            if not new:
+                continue
+            cluster = self.m.get(request.name)
+            for event_id, when, state, message in new:
+                last = event_id
+                yield pb.ClusterEvent(name=request.name, state=pb.State.Value(state), message=message,
+                                      time=_ts(when), cluster=cluster)
+                if pb.State.Value(state) in _TERMINAL:
+                    return
+
+
+async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None) -> int:
+    """Run the control plane until SIGTERM/SIGINT; returns the exit code."""
+    from raydist.engine.spark import embedded_session
+
+    loop = asyncio.get_running_loop()
+    changed = asyncio.Condition()
+
+    def notify(_name: str) -> None:
+        async def bump() -> None:
+            async with changed:
+                changed.notify_all()
+
+        loop.call_soon_threadsafe(lambda: asyncio.ensure_future(bump()))
+
+    state_dir = home()
+    store = Store(state_dir / "state.db")
+    manager = ClusterManager(store, lambda: embedded_session(config.spark_master, {}), notify)
+    metrics = _Metrics(manager.states)
+    token = load_or_create_server_token()
+
+    # Spark starts in the background (it takes seconds): reads, deletes and
+    # health answer at once; a create waits for it off the event loop.
+    threading.Thread(target=lambda: manager.spark, name="raydist-spark-start", daemon=True).start()
+    restarted = await asyncio.to_thread(manager.reconcile)
+    if restarted:
+        log.info("restarting clusters after a control-plane restart: %s", ", ".join(restarted))
+
+    server = grpc.aio.server(interceptors=[_AuthInterceptor(token, metrics)],
+                             options=[("grpc.max_receive_message_length", 1 << 20)])
+    service = ClusterService(manager, metrics, changed)
+    rpc.add_ClusterServiceServicer_to_server(service, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = (pb.DESCRIPTOR.services_by_name["ClusterService"].full_name, health.SERVICE_NAME,
+             reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(names, server)
+    address = f"{config.host}:{config.port}"
+    if config.tls_cert and config.tls_key:
+        creds = grpc.ssl_server_credentials(
+            [(Path(config.tls_key).read_bytes(), Path(config.tls_cert).read_bytes())],
+            root_certificates=Path(config.tls_client_ca).read_bytes() if config.tls_client_ca else None,
+            require_client_auth=bool(config.tls_client_ca),
+        )
+        port = server.add_secure_port(address, creds)
+    else:
+        port = server.add_insecure_port(address)
+    await server.start()
+    bound = f"{config.host}:{port}"
+    for name in ("", pb.DESCRIPTOR.services_by_name["ClusterService"].full_name):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    metrics_port = metrics.start(config.host, config.metrics_port) if config.metrics_port >= 0 else 0
+    info = {"address": bound, "pid": os.getpid(), "tls": bool(config.tls_cert), "metrics_port": metrics_port}
+    private_file(state_dir / SERVER_FILE, json.dumps(info))
+    log.info("raydist control plane serving on %s", bound)
+    if ready is not None:
+        ready(bound)
+
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def gauges() -> None:
+        while not stop.is_set():
+            metrics.refresh_gauges()
+            await asyncio.sleep(1.0)
+
+    gauge_task = asyncio.create_task(gauges())
+    await stop.wait()
+    log.info("shutting down: draining and tearing clusters down")
+    await health_servicer.enter_graceful_shutdown()
+    gauge_task.cancel()
+    await server.stop(config.grace_s)
+    await asyncio.to_thread(manager.shutdown)
+    try:
+        current = json.loads((state_dir / SERVER_FILE).read_text())
+        if current.get("pid") == os.getpid():
+            (state_dir / SERVER_FILE).unlink()
+    except (OSError, ValueError):
+        pass
+    return 0
