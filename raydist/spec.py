@@ -303,7 +303,11 @@ class ClusterSpec:
         return cls(**dict(data))
 
     def replace(self, **changes: Any) -> ClusterSpec:
-        """A copy with some fields changed, validated again."""
+        """A copy with some fields changed, validated again. Changing
+        ``workers`` alone resizes a fixed-size cluster (min and max follow)."""
+        if "workers" in changes:
+            changes.setdefault("min_workers", None)
+            changes.setdefault("max_workers", None)
         return dataclasses.replace(self, **changes)
 
     def __repr__(self) -> str:
