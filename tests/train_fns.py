@@ -77,7 +77,6 @@ def deepspeed_fn(config: dict[str, Any], ds: Any) -> dict[str, Any]:
 
 
 def keras_fn(config: dict[str, Any]) -> dict[str, Any]:
-    import numpy as np
     import tensorflow as tf
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
