@@ -91,8 +91,9 @@ def up(
     min_workers: int | None = None,
     max_workers: int | None = None,
     spark_master: str | None = None,
+    address: str | None = None,
     **spec_fields: Any,
-) -> RayCluster:
+) -> Any:
     """Start a Ray cluster on Spark and return its handle once it is ready.
 
     Args:
@@ -107,6 +108,9 @@ def up(
         memory_per_worker: Ray memory per node (``"4g"``); sized when omitted.
         min_workers / max_workers: an elastic size instead of ``workers``.
         spark_master: master for the embedded session (ignored with ``spark``).
+        address: a control plane (``host:port``) to create the cluster in,
+            instead of running the engine in this process; returns a
+            :class:`raydist.control.remote.RemoteCluster` with the same surface.
         **spec_fields: any other :class:`raydist.spec.ClusterSpec` field.
 
     Returns:
@@ -131,6 +135,11 @@ def up(
         memory_per_worker=memory_per_worker,
         **spec_fields,
     )
+    if address is not None:
+        from raydist.control.client import Client
+        from raydist.control.remote import RemoteCluster
+
+        return RemoteCluster(Client(address), spec).start(timeout=spec.start_timeout_s + 60)
     session = spark if spark is not None else _registry.embedded_spark(spark_master, spec.spark_conf)
     cluster = RayCluster(spec, session)
     _registry.add(cluster)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -133,6 +134,17 @@ def test_watch_in_order_and_idempotent_create(server: Server) -> None:
     client.delete("never-was", allow_missing=True)
 
 
+def test_python_api_through_the_control_plane(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    import raydist
+
+    monkeypatch.setenv("RAYDIST_TOKEN", server.token)
+    with raydist.up(name="via-api", workers=1, cpus_per_worker=1, address=server.address) as cluster:
+        status = cluster.status()
+        assert status.state.value == "RUNNING" and status.ready_workers == 1
+        assert cluster.client_address.startswith("ray://")
+    assert server.client().get("via-api").state == 5  # DELETED
+
+
 def test_auth(server: Server) -> None:
     with pytest.raises(RPCError) as none:
         Client(server.address, token="").list()
@@ -190,9 +202,11 @@ def test_cli_usage_errors(server: Server) -> None:
     missing = server.cli("up")
     assert missing.returncode == 2
     huge = server.cli("up", "huge", "-w", "50", "--cpus-per-worker", "1", "--no-wait")
-    assert huge.returncode == 0  # accepted: creation is asynchronous
-    assert server.client().wait("huge", timeout=120).message.startswith("Spark cannot fit")
-    assert server.cli("down", "huge").returncode == 0
+    assert huge.returncode == 1 and "Spark cannot fit" in huge.stderr and "workers <= 2" in huge.stderr
+    with pytest.raises(RPCError) as err:
+        server.client().create(ClusterSpec(name="huge", workers=50, cpus_per_worker=1))
+    assert err.value.code == "RESOURCE_EXHAUSTED"
+    assert server.client().server_info().version  # still healthy
 
 
 def test_server_killed_then_restarted_reconciles(tmp_path: Path) -> None:
@@ -211,5 +225,26 @@ def test_server_killed_then_restarted_reconciles(tmp_path: Path) -> None:
         again = srv.client().get("doomed")
         assert again.state == 6 and "restarted" in again.message  # FAILED, with the reason
         assert not [p for p in ray_processes() if gcs in " ".join(p.cmdline())]
+    finally:
+        assert srv.stop() == 0
+
+
+def test_token_over_tls(tmp_path: Path) -> None:
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    srv = Server(tmp_path, free_port(), ["--tls-cert", str(cert), "--tls-key", str(key)]).start()
+    try:
+        assert srv.client(tls_ca=str(cert)).list() == []
+        with pytest.raises(RPCError) as wrong:
+            srv.client(tls_ca=str(cert), token="wrong").list()
+        assert wrong.value.code == "UNAUTHENTICATED"
+        from raydist.errors import ControlPlaneUnavailableError
+
+        with pytest.raises(ControlPlaneUnavailableError):
+            srv.client(retries=0).list()  # plaintext to a TLS port
     finally:
         assert srv.stop() == 0

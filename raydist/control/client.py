@@ -111,8 +111,9 @@ class Client:
 
         msg = spec_to_proto(spec) if isinstance(spec, ClusterSpec) else spec
         msg.restart_on_server_restart = restart_on_server_restart
+        # The first create on a fresh server waits for its Spark to start.
         return self._call("CreateCluster", self._pb.CreateClusterRequest(spec=msg, request_id=request_id),
-                          timeout, metadata)
+                          timeout or max(self.timeout, 180.0), metadata)
 
     def get(self, name: str, *, timeout: float | None = None, metadata: list[tuple[str, str]] | None = None) -> Any:
         return self._call("GetCluster", self._pb.GetClusterRequest(name=name), timeout, metadata)

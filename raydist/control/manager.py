@@ -100,6 +100,13 @@ class ClusterManager:
     def create(self, spec_msg: Any, request_id: str) -> Any:
         spec = spec_from_proto(spec_msg)
         restart = bool(spec_msg.restart_on_server_restart)
+        if self._store.get(spec.name) is None or not request_id:
+            # A cluster Spark can never fit is RESOURCE_EXHAUSTED now, not a
+            # FAILED state later (the first create waits for Spark to start).
+            from raydist.engine import spark as spark_side
+
+            cap = spark_side.capacity(self.spark)
+            spark_side.check_fits(spec, cap, spec.cpus_per_worker or cap.cores_per_executor)
         with self._lock:
             row = self._store.get(spec.name)
             if row is not None and row.state not in (State.DELETED.value, State.FAILED.value):

@@ -1,0 +1,72 @@
+"""A cluster handle for clusters that live in a control plane.
+
+``raydist.up(..., address="host:port")`` returns one, so notebook code reads
+the same whether the engine runs in the notebook or behind ``raydist serve``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raydist.control.client import Client
+from raydist.errors import ClusterFailedError
+from raydist.spec import ClusterSpec, ClusterStatus, State
+
+__all__ = ["RemoteCluster"]
+
+
+class RemoteCluster:
+    """A control-plane cluster: ``address``, ``client_address``,
+    ``dashboard_url``, ``status()``, ``down()``; a context manager."""
+
+    def __init__(self, client: Client, spec: ClusterSpec) -> None:
+        self._client = client
+        self.spec = spec
+        self.address = ""
+        self.client_address = ""
+        self.dashboard_url = ""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def start(self, timeout: float) -> RemoteCluster:
+        self._client.create(self.spec)
+        cluster = self._client.wait(self.name, timeout=timeout)
+        self._update(cluster)
+        if cluster.state not in (2, 3):  # RUNNING, DEGRADED
+            raise ClusterFailedError(f"cluster {self.name!r} is {State(self._state_name(cluster)).value}: "
+                                     f"{cluster.message}")
+        return self
+
+    def status(self) -> ClusterStatus:
+        cluster = self._client.get(self.name)
+        self._update(cluster)
+        return ClusterStatus(
+            name=self.name, state=State(self._state_name(cluster)), ready_workers=cluster.ready_workers,
+            desired_workers=cluster.desired_workers, message=cluster.message, address=cluster.address,
+            client_address=cluster.client_address, dashboard_url=cluster.dashboard_url,
+            created_at=cluster.create_time.ToNanoseconds() / 1e9, updated_at=cluster.update_time.ToNanoseconds() / 1e9,
+        )
+
+    def down(self) -> None:
+        self._client.delete(self.name, allow_missing=True)
+
+    def __enter__(self) -> RemoteCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    def __repr__(self) -> str:
+        return f"<RemoteCluster {self.name!r} at {self._client.address}>"
+
+    def _update(self, cluster: Any) -> None:
+        self.address, self.client_address, self.dashboard_url = (
+            cluster.address, cluster.client_address, cluster.dashboard_url)
+
+    @staticmethod
+    def _state_name(cluster: Any) -> str:
+        from raydist._proto import pb
+
+        return str(pb.State.Name(cluster.state))
