@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 import shutil
+import sys
 import threading
 import time
 from collections import deque
@@ -230,6 +231,8 @@ class RayCluster:
             if self._state == State.DELETED:
                 return
             failed = self._state == State.FAILED
+        self._disconnect_this_process()
+        with self._lock:
             self._stopping.set()
             if not failed:
                 self._set_state(State.DELETING, "tearing down")
@@ -267,6 +270,15 @@ class RayCluster:
                 self._record(f"torn down after failure: {self._message}")
             else:
                 self._set_state(State.DELETED, "deleted")
+
+    def _disconnect_this_process(self) -> None:
+        """Close this process's Ray connection to the cluster before its nodes go."""
+        if "ray" not in sys.modules or not self.address:
+            return
+        import ray
+
+        if ray.is_initialized() and ray.get_runtime_context().gcs_address == self.address:
+            ray.shutdown()
 
     def __enter__(self) -> RayCluster:
         return self

@@ -67,8 +67,10 @@ def connected(cluster: Any, *, workers: int, cpus_per_worker: int, use_gpu: bool
                         f"this process is already connected to Ray at {current}; call ray.shutdown() first",
                     )
             else:
+                # Stay connected after the fit: the next fit on this cluster
+                # skips a new driver job; the cluster's down() disconnects.
                 handle.connect(log_to_driver=True)
-                connected_here = True
+                connected_here = owned is not None
         elif not ray.is_initialized():
             ray.init(log_to_driver=True)
             connected_here = True
