@@ -42,6 +42,9 @@ def raydist_once(spark, i: int) -> tuple[float, float]:
     cluster = raydist.up(spark, name=f"bench-{i}", workers=2, cpus_per_worker=1)
     ready = time.perf_counter() - t0
     assert cluster.status().ready_workers == 2
+    created = cluster.status().created_at
+    steps = [f"{when - created:5.1f}s {what}" for when, what in cluster.events() if " up " in f" {what} "]
+    print("    " + "; ".join(steps), flush=True)
     t0 = time.perf_counter()
     cluster.down()
     return ready, time.perf_counter() - t0
@@ -49,7 +52,7 @@ def raydist_once(spark, i: int) -> tuple[float, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--master", default="local-cluster[2,1,2048]",
                         help="Spark master (default: local-cluster[2,1,2048])")
     args = parser.parse_args()

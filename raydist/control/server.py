@@ -119,12 +119,20 @@ class _Metrics:
         gauge = Gauge("raydist_clusters", "Clusters by state", ["state"], registry=self.registry)
         self._states = manager_states
         self._gauge = gauge
+        self._children: dict[Any, Any] = {}
 
     def count(self, method: str, code: str) -> None:
-        self._count.labels(method, code).inc()
+        key = (method, code)
+        child = self._children.get(key)
+        if child is None:  # label lookups cost a lock and a hash per call: cache them
+            child = self._children[key] = self._count.labels(method, code)
+        child.inc()
 
     def observe(self, method: str, seconds: float) -> None:
-        self._latency.labels(method).observe(seconds)
+        child = self._children.get(method)
+        if child is None:
+            child = self._children[method] = self._latency.labels(method)
+        child.observe(seconds)
 
     def refresh_gauges(self) -> None:
         states = self._states()
