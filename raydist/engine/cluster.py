@@ -406,6 +406,7 @@ class RayCluster:
                 return
             if event == "hello":
                 slot.link = link
+                self._record(f"worker {slot.key} starting on {link.host}")
             elif event == "log":
                 if link is slot.link:
                     slot.log_tail.append(link.log_tail[-1])
