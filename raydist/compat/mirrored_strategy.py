@@ -74,8 +74,7 @@ class MirroredStrategyRunner:
             failure_config=FailureConfig(max_failures=self.max_failures),
             cluster=self.cluster,
         )
-        result = trainer.fit()
-        self.last_result = result
-        if result.error is not None:
-            raise result.error
-        return result.return_value
+        try:
+            return trainer.run()
+        finally:
+            self.last_result = trainer.last_result

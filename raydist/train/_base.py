@@ -49,6 +49,8 @@ class Facade:
         self.trainer_kwargs = trainer_kwargs
         self.trainer: Any = None
         """The Ray Train trainer of the last ``fit`` (built lazily)."""
+        self.last_result: Any = None
+        """Ray Train's Result of the last ``run``."""
 
     # subclass hooks ----------------------------------------------------------
 
@@ -97,6 +99,15 @@ class Facade:
             **self.trainer_kwargs,
         )
         return self.trainer
+
+    def run(self) -> Any:
+        """``fit()``, then rank 0's return value; a failed run raises its error.
+        The Result stays in ``last_result``."""
+        result = self.fit()
+        self.last_result = result
+        if result.error is not None:
+            raise result.error
+        return result.return_value
 
     def fit(self) -> Any:
         """Train on the cluster; returns Ray Train's ``Result``
