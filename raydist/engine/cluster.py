@@ -24,7 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -62,7 +62,10 @@ class _Slot:
     up_since: float = 0.0
     last_reason: str = ""
     thread: threading.Thread | None = None
-    log_tail: deque[str] = field(default_factory=lambda: deque(maxlen=40))
+
+    def log_tail(self) -> list[str]:
+        """The last lines of the current node's ``ray start`` output."""
+        return list(self.link.log_tail) if self.link is not None else []
 
 
 class RayCluster:
@@ -105,7 +108,6 @@ class RayCluster:
         self._head_link: NodeLink | None = None
         self._head_up = False
         self._head_proc: subprocess.Popen[bytes] | None = None
-        self._head_tail: deque[str] = deque(maxlen=40)
         self._channel: NodeChannel | None = None
         self._profile: Any = None
         self._worker_plan: NodePlan | None = None
@@ -405,11 +407,16 @@ class RayCluster:
             if slot is None:
                 return
             if event == "hello":
+                # A new supervisor for this slot means Spark ran the node's task
+                # again: the old node is gone even if its own "stopped" arrives
+                # later (or never, from a dead executor).
+                replaced = slot.up
                 slot.link = link
+                slot.up = False
                 self._record(f"worker {slot.key} starting on {link.host}")
-            elif event == "log":
-                if link is slot.link:
-                    slot.log_tail.append(link.log_tail[-1])
+                if replaced and not self._stopping.is_set():
+                    slot.last_reason = "Spark ran its task again (the previous executor was lost)"
+                    self._refresh_state(f"worker {slot.key} lost: {slot.last_reason}")
             elif event == "started" and link is slot.link:
                 slot.up = True
                 slot.up_since = time.monotonic()
@@ -426,17 +433,18 @@ class RayCluster:
     def _on_head(self, event: str, link: NodeLink) -> None:
         if event == "hello":
             self._head_link = link
-        elif event == "log":
-            self._head_tail.append(link.log_tail[-1])
         elif event == "started":
             self._head_up = True
             self._record(f"head up at {self.address}")
             self._refresh_state()
         elif event in ("stopped", "closed") and not self._stopping.is_set() and self._state != State.FAILED:
             self._head_up = False
-            self._set_state(State.FAILED, "the head node stopped: " + " | ".join(list(self._head_tail)[-3:]))
+            self._set_state(State.FAILED, "the head node stopped: " + " | ".join(self._head_tail()[-3:]))
             # The workers cannot outlive their GCS; tear them down off this thread.
             threading.Thread(target=self.down, daemon=True, name=f"raydist-{self.name}-failed").start()
+
+    def _head_tail(self) -> list[str]:
+        return list(self._head_link.log_tail) if self._head_link is not None else []
 
     def _refresh_state(self, reason: str = "") -> None:
         """Derive RUNNING/DEGRADED from the nodes (called with the lock held)."""
@@ -489,12 +497,12 @@ class RayCluster:
                 return
             if not self._head_up:
                 raise ClusterFailedError(
-                    f"the Ray head of {self.name!r} did not start:\n  " + "\n  ".join(self._head_tail)
+                    f"the Ray head of {self.name!r} did not start:\n  " + "\n  ".join(self._head_tail())
                 )
             if self._state == State.FAILED:
                 raise ClusterFailedError(self._message)
             pending = {
-                s.key: list(s.log_tail) or ["no Spark task started for this node (no free task slot?)"]
+                s.key: s.log_tail() or ["no Spark task started for this node (no free task slot?)"]
                 for s in self._slots
                 if not s.up
             }
