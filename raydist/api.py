@@ -83,7 +83,7 @@ _registry = _Registry()
 def up(
     spark: SparkSession | None = None,
     name: str | None = None,
-    workers: int | None = 2,
+    workers: int | None = None,
     *,
     cpus_per_worker: int | None = None,
     gpus_per_worker: float = 0,
@@ -102,7 +102,8 @@ def up(
             ``RAYDIST_SPARK_MASTER`` or a ``local-cluster`` sized from this
             machine.
         name: the cluster's name (a DNS label); generated when omitted.
-        workers: Ray worker nodes, one Spark task each.
+        workers: Ray worker nodes, one Spark task each (2 unless
+            ``min_workers``/``max_workers`` say otherwise).
         cpus_per_worker: CPUs per node; ``None`` takes whole executors.
         gpus_per_worker: GPUs per node, from Spark's GPU scheduling.
         memory_per_worker: Ray memory per node (``"4g"``); sized when omitted.
@@ -123,8 +124,6 @@ def up(
     """
     from raydist.engine.cluster import RayCluster
 
-    if max_workers is not None or min_workers is not None:
-        workers = None if workers == 2 else workers
     spec = ClusterSpec(
         name=name or f"ray-{secrets.token_hex(3)}",
         workers=workers,

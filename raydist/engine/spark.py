@@ -109,7 +109,7 @@ def capacity(spark: SparkSession, wait_s: float = 30.0) -> SparkCapacity:
     dynamic = (_conf(sc, "spark.dynamicAllocation.enabled", "false") or "").lower() == "true"
     if master.startswith("local[") or master == "local":
         n = master[6:-1] if master.startswith("local[") else "1"
-        cores = os.cpu_count() or 1 if n == "*" else int(n.split(",")[0])
+        cores = (os.cpu_count() or 1) if n == "*" else int(n.split(",")[0])
         expected = 1
     deadline = time.monotonic() + wait_s
     hosts: dict[str, int] = {}
