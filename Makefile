@@ -5,7 +5,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # Tools spawned by name (`ray`, used by ray.util.spark) must come from .venv.
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: venv demo test test-fast bench-startup bench-training lint
+.PHONY: venv demo test test-fast bench-startup bench-startup-standalone bench-training lint
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -27,6 +27,9 @@ bench-training: venv
 
 bench-startup: venv
 	$(PY) benchmarks/startup.py
+
+bench-startup-standalone: venv
+	$(PY) benchmarks/startup.py --master standalone
 
 lint: venv
 	$(PY) -m ruff check raydist tests benchmarks examples

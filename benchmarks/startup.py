@@ -9,7 +9,13 @@ alternate at least 3 times:
 Prints each run, the medians, and as the last line:
   startup_ratio=<raydist/anchor median> teardown_s=<raydist median> leftover_processes=<n>
 
+With --master standalone, the same on a real Spark standalone cluster started
+here (master and two worker daemons from pip's pyspark), each worker in its own
+network namespace when the machine allows it, so Ray nodes sit on separate
+hosts (raydist.testing.standalone).
+
 Run: make bench-startup   (or .venv/bin/python benchmarks/startup.py --rounds 3)
+     .venv/bin/python benchmarks/startup.py --master standalone
 """
 
 from __future__ import annotations
@@ -54,7 +60,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--master", default="local-cluster[2,1,2048]",
-                        help="Spark master (default: local-cluster[2,1,2048])")
+                        help="Spark master, or 'standalone' to start a standalone cluster of two "
+                             "1-core worker hosts here (default: local-cluster[2,1,2048])")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -62,7 +69,19 @@ def main() -> int:
     from raydist.engine.spark import embedded_session
 
     before = {p.pid for p in ray_processes()}
-    spark = embedded_session(args.master, {"spark.ui.enabled": "false"})
+    standalone = None
+    master, conf = args.master, {"spark.ui.enabled": "false"}
+    if args.master == "standalone":
+        from raydist.testing.netns import netns_unavailable_reason
+        from raydist.testing.standalone import StandaloneSpark
+
+        why = netns_unavailable_reason()
+        standalone = StandaloneSpark(workers=2, cores=1, memory="3g", isolate=why is None).start()
+        master, conf = standalone.master_url, standalone.driver_conf()
+        hosts = ", ".join(d.host for d in standalone.daemons)
+        print(f"standalone master {master}; worker hosts {hosts}"
+              + (f" (one host: {why})" if why else " (separate network namespaces)"), flush=True)
+    spark = embedded_session(master, conf)
     spark.sparkContext.setLogLevel("ERROR")
     spark.sparkContext.parallelize(range(2), 2).count()  # warm the executors' Python workers
 
@@ -88,6 +107,8 @@ def main() -> int:
             print(f"left running: pid {proc.pid} {' '.join(proc.cmdline()[:3])}")
     finally:
         spark.stop()
+        if standalone is not None:
+            standalone.stop()
 
     a_med, r_med, d_med = statistics.median(anchor), statistics.median(ours), statistics.median(ours_down)
     print(f"median ready: ray.util.spark {a_med:.2f} s, raydist {r_med:.2f} s; raydist down {d_med:.2f} s")

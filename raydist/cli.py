@@ -53,13 +53,16 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--address", help="control plane host:port (default RAYDIST_ADDRESS or the local one)")
 
     s = sub.add_parser("serve", help="run the control plane")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=50151)
+    s.add_argument("--config", help="a raydist.toml (default RAYDIST_CONFIG); flags win over it")
+    s.add_argument("--host", help="listen address (default 127.0.0.1)")
+    s.add_argument("--port", type=int, help="gRPC port (default 50151)")
     s.add_argument("--spark-master", default=os.environ.get("RAYDIST_SPARK_MASTER"))
+    s.add_argument("--spark-conf", action="append", type=_conf_pair, default=[], metavar="KEY=VALUE",
+                   help="a Spark setting for the server's SparkSession (repeatable)")
     s.add_argument("--tls-cert")
     s.add_argument("--tls-key")
     s.add_argument("--tls-client-ca", help="require client certificates signed by this CA (mTLS)")
-    s.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0 picks one, -1 turns it off)")
+    s.add_argument("--metrics-port", type=int, help="Prometheus port (0 picks one, -1 turns it off)")
 
     u = sub.add_parser("up", help="create a cluster and wait until it is ready")
     u.add_argument("name")
@@ -190,8 +193,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from raydist.control.server import ServerConfig, serve
 
-    cfg = ServerConfig(host=args.host, port=args.port, spark_master=args.spark_master, tls_cert=args.tls_cert,
-                       tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, metrics_port=args.metrics_port)
+    cfg = ServerConfig.load(args.config).merged(
+        host=args.host, port=args.port, spark_master=args.spark_master, tls_cert=args.tls_cert,
+        tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, metrics_port=args.metrics_port,
+        spark_conf=dict(args.spark_conf) or None,
+    )
     return asyncio.run(serve(cfg, ready=lambda addr: print(f"raydist control plane ready on {addr}", flush=True)))
 
 

@@ -18,6 +18,21 @@ os.environ.setdefault("RAYDIST_HOME", tempfile.mkdtemp(prefix="raydist-test-home
 
 RESOURCES = Path(__file__).parent / "resources"
 
+#: The shared local-cluster session, while it runs (see release_shared_spark).
+_shared: list[object] = []
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the standalone-cluster tests last: a process holds one SparkContext,
+    and they replace the shared local-cluster one with their own."""
+    items.sort(key=lambda item: item.get_closest_marker("standalone") is not None)
+
+
+def release_shared_spark() -> None:
+    """Stop the shared session so that a test can start its own SparkContext."""
+    while _shared:
+        _shared.pop().stop()  # type: ignore[attr-defined]
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
@@ -39,8 +54,9 @@ def spark() -> Iterator[object]:
     session.sparkContext.setLogLevel("ERROR")
     # Warm the executors' Python workers once for the whole session.
     session.sparkContext.parallelize(range(4), 4).map(lambda x: x).collect()
+    _shared.append(session)
     yield session
-    session.stop()
+    release_shared_spark()
 
 
 @pytest.fixture

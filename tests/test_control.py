@@ -4,12 +4,10 @@ as a subprocess, the Python client, Ray Client against what it starts."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,55 +21,9 @@ from raydist.engine.ports import free_port
 from raydist.engine.procs import ray_processes, wait_no_ray_processes
 from raydist.errors import RPCError
 from raydist.spec import ClusterSpec
+from tests.control_server import Server
 
 pytestmark = pytest.mark.integration
-
-MASTER = "local-cluster[2,1,1024]"
-
-
-class Server:
-    def __init__(self, home: Path, port: int, extra: list[str] | None = None) -> None:
-        self.home, self.port = home, port
-        self.extra = extra or []
-        self.address = f"127.0.0.1:{port}"
-        self.env = {**os.environ, "RAYDIST_HOME": str(home), "RAYDIST_ADDRESS": self.address}
-        for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_ADDRESS", "RAYDIST_TOKEN"):
-            self.env.pop(key, None)
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Server:
-        info = self.home / "server.json"
-        info.unlink(missing_ok=True)
-        log = open(self.home / "test-server.log", "ab")  # noqa: SIM115 - closed with the process
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "raydist.cli", "serve", "--port", str(self.port), "--spark-master", MASTER,
-             *self.extra],
-            env=self.env, stdout=log, stderr=log, start_new_session=True,
-        )
-        deadline = time.monotonic() + 60
-        while not info.exists():
-            assert self.proc.poll() is None, (self.home / "test-server.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.1)
-        return self
-
-    @property
-    def token(self) -> str:
-        return (self.home / "control_token").read_text().strip()
-
-    def client(self, **kw: object) -> Client:
-        return Client(self.address, token=kw.pop("token", self.token), **kw)  # type: ignore[arg-type]
-
-    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "raydist.cli", *args], env=self.env, capture_output=True,
-                              text=True, timeout=timeout)
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        return self.proc.wait(timeout=120)
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 
@@ -14,49 +9,13 @@ import psutil
 import pytest
 
 import raydist
+from raydist.engine.procs import ray_processes
 from raydist.errors import CapacityError, ClusterFailedError, NodeStartTimeoutError
 from raydist.spec import State
-
-from raydist.engine.procs import ray_processes
+from tests.probe import node_tasks as _node_tasks
+from tests.probe import run_py as _run_py
 
 pytestmark = pytest.mark.integration
-
-
-def _run_py(code: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env={**base, **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def _node_tasks(cluster: raydist.engine.cluster.RayCluster) -> dict:  # type: ignore[name-defined]
-    """In a fresh driver process: the cluster's nodes, and one task run on
-    each worker node (reporting where it ran and what GPUs it saw)."""
-    code = """
-        import json, os, ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-        ray.init()
-        nodes = [n for n in ray.nodes() if n["Alive"]]
-        @ray.remote(num_cpus=1)
-        def where():
-            return {"node": ray.get_runtime_context().get_node_id(),
-                    "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                    "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
-        out = []
-        for n in nodes:
-            if n["Resources"].get("CPU", 0) >= 1:
-                gpus = 1 if n["Resources"].get("GPU", 0) >= 1 else 0
-                s = NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-                out.append(ray.get(where.options(scheduling_strategy=s, num_gpus=gpus).remote()))
-        print(json.dumps({"nodes": [{"id": n["NodeID"], "res": n["Resources"]} for n in nodes], "tasks": out}))
-    """
-    proc = _run_py(code, cluster.env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_two_workers_run_tasks_and_leave_nothing(spark, no_leftover_ray) -> None:

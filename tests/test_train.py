@@ -99,11 +99,10 @@ def test_keras_fit_under_the_strategy(cluster, tmp_path) -> None:
 
 
 def test_torch_distributor_matches_pyspark(cluster, spark) -> None:
+    from pyspark import cloudpickle as spark_cloudpickle
     from pyspark.ml.torch.distributor import TorchDistributor as SparkTorchDistributor
 
     from raydist.compat import TorchDistributor
-
-    from pyspark import cloudpickle as spark_cloudpickle
 
     spark_cloudpickle.register_pickle_by_value(train_fns)  # executors cannot import `tests` either
     ours = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, cluster=cluster).run(

@@ -19,8 +19,8 @@ def _data(seed: int = 0) -> tuple[Any, Any]:
 
 def torch_fn(config: dict[str, Any]) -> dict[str, Any]:
     """DDP regression that checkpoints each epoch and resumes from one."""
-    import torch
     import ray.train
+    import torch
     from ray.train.torch import prepare_model
 
     torch.manual_seed(0)
@@ -55,8 +55,8 @@ def torch_fn(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def deepspeed_fn(config: dict[str, Any], ds: Any) -> dict[str, Any]:
-    import torch
     import ray.train
+    import torch
 
     torch.manual_seed(0)
     x, y = _data()

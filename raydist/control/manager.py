@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -35,7 +35,8 @@ def _ts(t: float) -> Timestamp:
 class ClusterManager:
     """The control plane's clusters: engine objects, store rows, cached protos."""
 
-    def __init__(self, store: Store, spark_factory: Callable[[], Any], on_change: Callable[[str], None]) -> None:
+    def __init__(self, store: Store, spark_factory: Callable[[], Any], on_change: Callable[[str], None], *,
+                 head_ports: Mapping[str, int] | None = None) -> None:
         from raydist._proto import pb
 
         self._pb = pb
@@ -47,6 +48,7 @@ class ClusterManager:
         self._engines: dict[str, RayCluster] = {}
         self._cache: dict[str, Any] = {}
         self._spark_lock = threading.Lock()
+        self._head_ports = dict(head_ports or {})
 
     # Spark -------------------------------------------------------------------
 
@@ -131,7 +133,7 @@ class ClusterManager:
             self._sync(spec.name)
 
         try:
-            engine = RayCluster(spec, self.spark, on_event=on_event)
+            engine = RayCluster(spec, self.spark, on_event=on_event, head_ports=self._head_ports)
             with self._lock:
                 self._engines[spec.name] = engine
             engine.start()

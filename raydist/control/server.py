@@ -18,7 +18,6 @@ import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from grpc_reflection.v1alpha import reflection
 
 from raydist import __version__
 from raydist._proto import pb, rpc
+from raydist.control.config import ServerConfig
 from raydist.control.manager import ClusterManager, _ts
 from raydist.control.status import code_for
 from raydist.control.store import Store
@@ -54,18 +54,6 @@ def load_or_create_server_token() -> str:
     token = secrets.token_urlsafe(32)
     private_file(path, token + "\n")
     return token
-
-
-@dataclass
-class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 50151
-    spark_master: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_client_ca: str | None = None
-    metrics_port: int = 0
-    grace_s: float = 10.0
 
 
 class _AuthInterceptor(grpc.aio.ServerInterceptor):
@@ -243,7 +231,8 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
 
     state_dir = home()
     store = Store(state_dir / "state.db")
-    manager = ClusterManager(store, lambda: embedded_session(config.spark_master, {}), notify)
+    manager = ClusterManager(store, lambda: embedded_session(config.spark_master, config.spark_conf), notify,
+                             head_ports=config.head_ports)
     metrics = _Metrics(manager.states)
     token = load_or_create_server_token()
 

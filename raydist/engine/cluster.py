@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +33,7 @@ from raydist.engine import spark as spark_side
 from raydist.engine.auth import RayToken, activate_in_process, load_or_create_token
 from raydist.engine.channel import NodeChannel, NodeLink
 from raydist.engine.launch import NodePlan, route_ip, run_worker_node, start_head
-from raydist.engine.ports import free_port
+from raydist.engine.ports import preferred_or_free_port
 from raydist.errors import ClusterFailedError, NodeStartTimeoutError
 from raydist.spec import ClusterSpec, ClusterStatus, NodeStatus, State
 
@@ -42,12 +42,14 @@ if TYPE_CHECKING:
 
     from pyspark.sql import SparkSession
 
-__all__ = ["RayCluster"]
+__all__ = ["HEAD_PORTS", "RayCluster"]
 
 log = logging.getLogger(__name__)
 
 EventListener = Callable[[str, str], None]
 _HEAD = "head"
+#: The head ports a deployment may pin (``head_ports``): the rest are free ports.
+HEAD_PORTS = ("gcs", "dashboard", "client")
 
 
 @dataclass
@@ -88,8 +90,10 @@ class RayCluster:
         *,
         token: RayToken | None = None,
         on_event: EventListener | None = None,
+        head_ports: Mapping[str, int] | None = None,
     ) -> None:
         self.spec = spec
+        self._head_ports = dict(head_ports or {})
         self._spark = spark
         self._token = token or load_or_create_token()
         self._on_event = on_event
@@ -299,7 +303,8 @@ class RayCluster:
         driver_host = sc.getConf().get("spark.driver.host", "127.0.0.1")
         head_ip = route_ip(driver_host)
         taken: set[int] = set()
-        ports = {name: free_port(head_ip, taken) for name in ("gcs", "dashboard", "client")}
+        ports = {name: preferred_or_free_port(head_ip, self._head_ports.get(name), taken)
+                 for name in HEAD_PORTS}
         self.address = f"{head_ip}:{ports['gcs']}"
         self.client_address = f"ray://{head_ip}:{ports['client']}"
         self.dashboard_url = f"http://{head_ip}:{ports['dashboard']}"
@@ -384,9 +389,7 @@ class RayCluster:
             backoff = min(30.0, 0.5 * (2 ** min(failures, 6))) if failures else 0.2
             if self._stopping.wait(backoff):
                 return
-            with self._lock:
-                slot.restarts += 1
-            self._record(f"resubmitting worker {slot.key} (restart {slot.restarts})")
+            self._record(f"resubmitting worker {slot.key}")
 
     def _run_worker_job(self, slot: _Slot) -> None:
         assert self._worker_plan is not None
@@ -411,6 +414,10 @@ class RayCluster:
                 # again: the old node is gone even if its own "stopped" arrives
                 # later (or never, from a dead executor).
                 replaced = slot.up
+                if slot.link is not None:
+                    # Counted here, whether Spark retried the task inside its
+                    # job or raydist resubmitted the job.
+                    slot.restarts += 1
                 slot.link = link
                 slot.up = False
                 self._record(f"worker {slot.key} starting on {link.host}")

@@ -6,7 +6,7 @@ import socket
 
 from raydist.engine.sizing import RAY_WORKER_PORTS
 
-__all__ = ["free_port", "wait_for_port"]
+__all__ = ["free_port", "preferred_or_free_port", "wait_for_port"]
 
 
 def free_port(host: str = "127.0.0.1", avoid: set[int] | None = None) -> int:
@@ -25,6 +25,22 @@ def free_port(host: str = "127.0.0.1", avoid: set[int] | None = None) -> int:
             avoid.add(port)
             return port
     raise OSError(f"no free port outside {RAY_WORKER_PORTS} on {host}")
+
+
+def preferred_or_free_port(host: str, preferred: int | None, avoid: set[int] | None = None) -> int:
+    """``preferred`` when it is free now on ``host`` (a fixed port a Service or
+    firewall rule names), else any free port as :func:`free_port` picks it."""
+    avoid = avoid if avoid is not None else set()
+    if preferred and preferred not in avoid:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((host, preferred))
+        except OSError:
+            pass
+        else:
+            avoid.add(preferred)
+            return preferred
+    return free_port(host, avoid)
 
 
 def wait_for_port(host: str, port: int, deadline: float, poll_s: float = 0.05) -> bool:

@@ -30,6 +30,10 @@ __all__ = ["embedded_session", "SparkCapacity", "capacity", "check_fits", "resou
 
 log = logging.getLogger(__name__)
 
+#: How long an executor count must hold still before it is taken as final
+#: when the configuration does not say how many executors to expect.
+_SETTLE_S = 1.0
+
 _LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]")
 
 
@@ -106,6 +110,10 @@ def capacity(spark: SparkSession, wait_s: float = 30.0) -> SparkCapacity:
         expected, cores, memory = int(m.group(1)), int(m.group(2)), int(m.group(3)) << 20
     elif _conf(sc, "spark.executor.instances"):
         expected = int(_conf(sc, "spark.executor.instances") or 0)
+    elif master.startswith("spark://") and cores and _conf(sc, "spark.cores.max"):
+        # Standalone: the master spreads spark.cores.max over executors of
+        # spark.executor.cores each.
+        expected = int(_conf(sc, "spark.cores.max") or 0) // cores
     dynamic = (_conf(sc, "spark.dynamicAllocation.enabled", "false") or "").lower() == "true"
     if master.startswith("local[") or master == "local":
         n = master[6:-1] if master.startswith("local[") else "1"
@@ -113,12 +121,21 @@ def capacity(spark: SparkSession, wait_s: float = 30.0) -> SparkCapacity:
         expected = 1
     deadline = time.monotonic() + wait_s
     hosts: dict[str, int] = {}
+    last, settled_at = -1, time.monotonic()
     while True:
         hosts = _executor_hosts(sc)
         count = sum(hosts.values())
         if master.startswith("local"):
             count = max(count, 1)
-        if expected is None or count >= expected or time.monotonic() > deadline:
+        if count != last:
+            last, settled_at = count, time.monotonic()
+        if expected is not None and count >= expected:
+            break
+        # Nothing says how many executors will come: take what has
+        # registered once the count has held still for a moment.
+        if expected is None and (dynamic or (count > 0 and time.monotonic() - settled_at > _SETTLE_S)):
+            break
+        if time.monotonic() > deadline:
             break
         time.sleep(0.1)
     if not cores:

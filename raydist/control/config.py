@@ -1,0 +1,175 @@
+"""The control plane's configuration: defaults, a TOML file, then flags.
+
+A deployment (the Kubernetes ConfigMap, a systemd unit) keeps everything in
+one file, ``raydist.toml``::
+
+    [server]
+    host = "0.0.0.0"
+    port = 50151
+    metrics_port = 9090
+
+    [spark]
+    master = "k8s://https://kubernetes.default.svc"
+
+    [spark.conf]
+    "spark.executor.instances" = "2"
+
+    [ray]
+    gcs_port = 6379
+
+The file is named by ``--config`` or ``RAYDIST_CONFIG``; command-line flags
+win over it. Every mistake is a :class:`~raydist.errors.SpecError` naming the
+key as written in the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raydist.errors import SpecError
+
+__all__ = ["CONFIG_ENV", "ServerConfig"]
+
+#: Environment variable naming the configuration file.
+CONFIG_ENV = "RAYDIST_CONFIG"
+
+_SERVER_KEYS = {"host": str, "port": int, "metrics_port": int, "grace_s": float, "tls_cert": str, "tls_key": str,
+                "tls_client_ca": str}
+_RAY_KEYS = {"gcs_port": "gcs", "client_port": "client", "dashboard_port": "dashboard"}
+
+
+@dataclass
+class ServerConfig:
+    """What ``raydist serve`` runs with.
+
+    Attributes:
+        host / port: where the gRPC API listens (127.0.0.1 unless exposed on
+            purpose, e.g. ``0.0.0.0`` in a pod).
+        metrics_port: Prometheus port; 0 picks a free one, -1 turns it off.
+        grace_s: how long in-flight RPCs may finish on SIGTERM.
+        tls_cert / tls_key / tls_client_ca: TLS, and mTLS with a client CA.
+        spark_master: the Spark target; an embedded ``local-cluster`` when unset.
+        spark_conf: Spark settings for the server's SparkSession.
+        head_ports: fixed head ports (``gcs``, ``client``, ``dashboard``) for
+            the first cluster, so a Service or firewall can name them; later
+            clusters get free ports.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 50151
+    spark_master: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    metrics_port: int = 0
+    grace_s: float = 10.0
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    head_ports: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("port", "metrics_port"):
+            value = getattr(self, name)
+            low = -1 if name == "metrics_port" else 0
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 65535:
+                raise SpecError(f"server.{name}", value, f"an integer port from {low} to 65535")
+        for name, port in self.head_ports.items():
+            if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+                raise SpecError(f"ray.{name}_port", port, "an integer port from 1 to 65535")
+            if 10002 <= port <= 19999:
+                raise SpecError(f"ray.{name}_port", port, "a port outside Ray's worker ports 10002-19999")
+        if self.grace_s < 0:
+            raise SpecError("server.grace_s", self.grace_s, "seconds >= 0")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise SpecError("server.tls_cert" if not self.tls_cert else "server.tls_key", None,
+                            "give tls_cert and tls_key together")
+        if self.tls_client_ca and not self.tls_cert:
+            raise SpecError("server.tls_client_ca", self.tls_client_ca, "mTLS needs tls_cert and tls_key as well")
+        for key, value in self.spark_conf.items():
+            if not key.startswith("spark."):
+                raise SpecError(f"spark.conf.{key}", value, "Spark settings start with 'spark.'")
+
+    @classmethod
+    def from_toml(cls, text: str, source: str = "config") -> ServerConfig:
+        """Parse a ``raydist.toml`` document (see the module docstring)."""
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise SpecError(source, "(unparsable)", f"valid TOML ({exc})") from None
+        return cls.from_mapping(data)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> ServerConfig:
+        """Build from the parsed file's tables; unknown keys are errors."""
+        unknown = set(data) - {"server", "spark", "ray"}
+        if unknown:
+            raise SpecError(sorted(unknown)[0], data[sorted(unknown)[0]], "tables are [server], [spark] and [ray]")
+        kw: dict[str, Any] = {}
+        for key, value in _table(data, "server").items():
+            kind = _SERVER_KEYS.get(key)
+            if kind is None:
+                raise SpecError(f"server.{key}", value, f"one of {', '.join(sorted(_SERVER_KEYS))}")
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise SpecError(f"server.{key}", value, f"a {kind.__name__}")
+            kw[key] = value
+        spark = _table(data, "spark")
+        for key, value in spark.items():
+            if key == "master":
+                if not isinstance(value, str) or not value:
+                    raise SpecError("spark.master", value, "a Spark master URL such as spark://host:7077")
+                kw["spark_master"] = value
+            elif key == "conf":
+                conf = _table(spark, "conf", "spark.conf")
+                kw["spark_conf"] = {k: _conf_value(k, v) for k, v in conf.items()}
+            else:
+                raise SpecError(f"spark.{key}", value, "keys are 'master' and 'conf'")
+        ports = {}
+        for key, value in _table(data, "ray").items():
+            if key not in _RAY_KEYS:
+                raise SpecError(f"ray.{key}", value, f"one of {', '.join(sorted(_RAY_KEYS))}")
+            ports[_RAY_KEYS[key]] = value
+        kw["head_ports"] = ports
+        return cls(**kw)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str] | None = None) -> ServerConfig:
+        """The file at ``path``, else at ``RAYDIST_CONFIG``, else the defaults."""
+        where = path or os.environ.get(CONFIG_ENV)
+        if not where:
+            return cls()
+        try:
+            text = Path(where).read_text()
+        except OSError as exc:
+            raise SpecError("--config" if path else CONFIG_ENV, str(where),
+                            f"a readable raydist.toml ({exc.strerror})") from None
+        return cls.from_toml(text, str(where))
+
+    def merged(self, **overrides: Any) -> ServerConfig:
+        """A copy with the given fields replaced; ``None`` leaves a field as is,
+        and ``spark_conf`` entries are added to the file's."""
+        changes = {k: v for k, v in overrides.items() if v is not None}
+        if "spark_conf" in changes:
+            changes["spark_conf"] = {**self.spark_conf, **changes["spark_conf"]}
+        return dataclasses.replace(self, **changes)
+
+
+def _table(data: Mapping[str, Any], key: str, label: str | None = None) -> Mapping[str, Any]:
+    value = data.get(key, {})
+    if not isinstance(value, Mapping):
+        raise SpecError(label or key, value, "a table")
+    return value
+
+
+def _conf_value(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    raise SpecError(f"spark.conf.{key}", value, "a string, number or boolean")

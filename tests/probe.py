@@ -1,0 +1,59 @@
+"""Looking at a running cluster from outside, as a user's driver would: a
+fresh Python process connects with the cluster's environment and reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+
+def run_py(code: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def node_tasks(cluster: Any) -> dict[str, Any]:
+    """In a fresh driver process: the cluster's nodes, and one task run on
+    each worker node (reporting where it ran and what GPUs it saw)."""
+    code = """
+        import json, os, ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        ray.init()
+        nodes = [n for n in ray.nodes() if n["Alive"]]
+        @ray.remote(num_cpus=1)
+        def where():
+            return {"node": ray.get_runtime_context().get_node_id(),
+                    "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                    "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+        out = []
+        for n in nodes:
+            if n["Resources"].get("CPU", 0) >= 1:
+                gpus = 1 if n["Resources"].get("GPU", 0) >= 1 else 0
+                s = NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+                out.append(ray.get(where.options(scheduling_strategy=s, num_gpus=gpus).remote()))
+        print(json.dumps({"nodes": [{"id": n["NodeID"], "res": n["Resources"]} for n in nodes], "tasks": out}))
+    """
+    proc = run_py(code, cluster.env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def client_server_logs(cluster: Any, limit: int = 3000) -> str:
+    """The head's Ray Client server logs, for a failing assertion's message."""
+    import glob
+
+    out = []
+    for path in sorted(glob.glob(f"{cluster._temp_root}/session_latest/logs/ray_client_server*.err")):
+        with open(path, errors="replace") as f:
+            out.append(f"== {path}\n{f.read()[-limit:]}")
+    return "\n".join(out)

@@ -1,0 +1,213 @@
+"""k8s/ offline: every manifest validates strictly against the Kubernetes
+schemas, and the files agree with each other and with raydist's own config."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from raydist.control.config import ServerConfig
+
+K8S = Path(__file__).parent.parent / "k8s"
+KUBE_VERSION = "1.31.0"
+
+
+def _kustomization(folder: Path) -> dict[str, Any]:
+    return yaml.safe_load((folder / "kustomization.yaml").read_text())
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _base() -> list[dict[str, Any]]:
+    base = K8S / "base"
+    return [d for name in _kustomization(base)["resources"] for d in _docs(base / name)]
+
+
+def _one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def _overlay_config(name: str) -> dict[str, str]:
+    overlay = K8S / "overlays" / name
+    patches = [p["path"] for p in _kustomization(overlay).get("patches", [])]
+    for path in patches:
+        for doc in _docs(overlay / path):
+            if doc["kind"] == "ConfigMap":
+                return doc["data"]
+    raise AssertionError(f"overlay {name} patches no ConfigMap")
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+@pytest.fixture(scope="module")
+def base() -> list[dict[str, Any]]:
+    return _base()
+
+
+def test_kustomizations_list_exactly_their_files() -> None:
+    base = K8S / "base"
+    listed = set(_kustomization(base)["resources"])
+    on_disk = {p.name for p in base.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == on_disk
+    for overlay in (K8S / "overlays").iterdir():
+        k = _kustomization(overlay)
+        for res in k.get("resources", []):
+            assert (overlay / res / "kustomization.yaml").exists(), res
+        for patch in k.get("patches", []):
+            assert (overlay / patch["path"]).exists(), patch
+
+
+def test_every_manifest_validates_strictly(base: list[dict[str, Any]]) -> None:
+    docs = list(base)
+    for overlay in (K8S / "overlays").iterdir():
+        for patch in _kustomization(overlay).get("patches", []):
+            docs += _docs(overlay / patch["path"])
+    docs.append(yaml.safe_load(_overlay_config("gpu")["executor-pod-template.yaml"]))
+    for doc in docs:
+        # Strict: an unknown or misspelt field is an error, not ignored.
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+def test_bad_manifest_is_caught() -> None:
+    """The validation above can fail: a misspelt field does."""
+    deployment = _one(_base(), "Deployment")
+    deployment["spec"]["replica"] = 1
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBE_VERSION, strict=True)
+
+
+def test_names_labels_and_selectors_agree(base: list[dict[str, Any]]) -> None:
+    dep = _one(base, "Deployment")
+    pod = dep["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    assert dep["spec"]["selector"]["matchLabels"] == {
+        k: v for k, v in labels.items() if k in dep["spec"]["selector"]["matchLabels"]
+    }
+    assert _selects(dep["spec"]["selector"]["matchLabels"], labels)
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    for svc in (d for d in base if d["kind"] == "Service"):
+        assert _selects(svc["spec"]["selector"], labels), svc["metadata"]["name"]
+    assert _selects(_one(base, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"], labels)
+    policies = [d for d in base if d["kind"] == "NetworkPolicy"]
+    assert any(_selects(p["spec"]["podSelector"]["matchLabels"], labels) for p in policies)
+
+    sa = _one(base, "ServiceAccount")["metadata"]["name"]
+    assert pod["spec"]["serviceAccountName"] == sa
+    binding = _one(base, "RoleBinding")
+    assert binding["roleRef"]["name"] == _one(base, "Role")["metadata"]["name"]
+    assert [s["name"] for s in binding["subjects"]] == [sa]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == _one(base, "ConfigMap")["metadata"]["name"]
+    assert volumes["state"]["persistentVolumeClaim"]["claimName"] == _one(base, "PersistentVolumeClaim")[
+        "metadata"]["name"]
+
+
+def test_driver_may_manage_executors(base: list[dict[str, Any]]) -> None:
+    rules = _one(base, "Role")["rules"]
+    granted = {(r, v) for rule in rules for r in rule["resources"] for v in rule["verbs"]}
+    for resource in ("pods", "services", "configmaps", "persistentvolumeclaims"):
+        for verb in ("create", "delete", "get", "list", "watch"):
+            assert (resource, verb) in granted, (resource, verb)
+
+
+def test_ports_and_probes_match_the_config(base: list[dict[str, Any]]) -> None:
+    cfg = ServerConfig.from_toml(_one(base, "ConfigMap")["data"]["raydist.toml"])
+    container = _one(base, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["grpc"] == cfg.port
+    assert ports["metrics"] == cfg.metrics_port
+    assert ports["ray-gcs"] == cfg.head_ports["gcs"]
+    assert ports["ray-client"] == cfg.head_ports["client"]
+    assert ports["ray-dashboard"] == cfg.head_ports["dashboard"]
+    assert ports["spark-driver"] == int(cfg.spark_conf["spark.driver.port"])
+    assert ports["spark-blockmgr"] == int(cfg.spark_conf["spark.driver.blockManager.port"])
+    # Every probe asks the gRPC health service on the API's port.
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["grpc"]["port"] == cfg.port, probe
+    # Services name ports the container has.
+    for svc in (d for d in base if d["kind"] == "Service"):
+        for port in svc["spec"]["ports"]:
+            target = port["targetPort"]
+            assert target in ports, (svc["metadata"]["name"], target)
+            assert port["port"] == ports[target]
+    api = _one(base, "Service", "raydist")
+    assert {p["targetPort"] for p in api["spec"]["ports"]} >= {"grpc", "ray-client", "ray-gcs", "ray-dashboard"}
+
+
+def test_spark_on_kubernetes_settings_point_at_these_objects(base: list[dict[str, Any]]) -> None:
+    kust = _kustomization(K8S / "base")
+    cfg = ServerConfig.from_toml(_one(base, "ConfigMap")["data"]["raydist.toml"])
+    conf = cfg.spark_conf
+    assert cfg.spark_master == "k8s://https://kubernetes.default.svc"
+    assert conf["spark.submit.deployMode"] == "client"
+    assert conf["spark.kubernetes.namespace"] == kust["namespace"]
+    headless = _one(base, "Service", "raydist-driver")
+    assert headless["spec"]["clusterIP"] == "None"
+    assert conf["spark.driver.host"].startswith(f"{headless['metadata']['name']}.{kust['namespace']}.svc")
+    sa = _one(base, "ServiceAccount")["metadata"]["name"]
+    assert conf["spark.kubernetes.authenticate.driver.serviceAccountName"] == sa
+    container = _one(base, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert conf["spark.kubernetes.container.image"] == container["image"]
+    env = {e["name"]: e for e in container["env"]}
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "config")["mountPath"]
+    assert env["RAYDIST_CONFIG"]["value"] == f"{mount}/raydist.toml"
+    # The token comes from a Secret that is referenced, never committed.
+    assert env["RAYDIST_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "raydist-token"
+    assert not any(d["kind"] == "Secret" for d in base)
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert _one(base, "Deployment")["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_gpu_overlay_asks_for_gpus() -> None:
+    data = _overlay_config("gpu")
+    cfg = ServerConfig.from_toml(data["raydist.toml"])
+    conf = cfg.spark_conf
+    assert float(conf["spark.executor.resource.gpu.amount"]) >= 1
+    assert conf["spark.executor.resource.gpu.vendor"] == "nvidia.com"
+    assert conf["spark.executor.resource.gpu.discoveryScript"] == "/opt/raydist/gpu-discovery.sh"
+    template = conf["spark.kubernetes.executor.podTemplateFile"]
+    assert Path(template).name in data
+    base_cfg = ServerConfig.from_toml(_one(_base(), "ConfigMap")["data"]["raydist.toml"])
+    # The overlay keeps every base setting it does not mean to change.
+    for key, value in base_cfg.spark_conf.items():
+        if not key.startswith(("spark.executor.", "spark.kubernetes.executor.")):
+            assert conf[key] == value, key
+    assert (cfg.port, cfg.head_ports) == (base_cfg.port, base_cfg.head_ports)
+
+
+def test_dockerfile_installs_the_readme_way_and_ships_its_scripts() -> None:
+    text = (K8S / "Dockerfile").read_text()
+    assert "make venv" in text
+    assert "/opt/raydist/gpu-discovery.sh" in text and "/opt/raydist/entrypoint.sh" in text
+    assert "USER 10001" in text
+    deployment = _one(_base(), "Deployment")["spec"]["template"]["spec"]
+    assert deployment["securityContext"]["runAsUser"] == 10001
+    for script in ("gpu-discovery.sh", "executor-entrypoint.sh"):
+        assert (K8S / script).stat().st_mode & 0o111, f"{script} must be executable"
+
+
+def test_config_file_errors_name_the_key(tmp_path: Path) -> None:
+    from raydist.errors import SpecError
+
+    good = _one(_base(), "ConfigMap")["data"]["raydist.toml"]
+    tomllib.loads(good)
+    for bad, field in (
+        (good.replace("port = 50151", "port = 70000"), "server.port"),
+        (good.replace("[ray]", "[ray]\nredis_port = 1"), "ray.redis_port"),
+        (good.replace("gcs_port = 6379", "gcs_port = 12000"), "ray.gcs_port"),
+        (good + '\n[spark.extra]\n', "spark.extra"),
+    ):
+        with pytest.raises(SpecError) as info:
+            ServerConfig.from_toml(bad)
+        assert info.value.field == field
