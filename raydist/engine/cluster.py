@@ -24,7 +24,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -34,6 +33,8 @@ from raydist.engine.auth import RayToken, activate_in_process, load_or_create_to
 from raydist.engine.channel import NodeChannel, NodeLink
 from raydist.engine.launch import NodePlan, route_ip, run_worker_node, start_head
 from raydist.engine.ports import preferred_or_free_port
+from raydist.engine.procs import wait_processes_gone
+from raydist.engine.slot import WorkerSlot, keep_filled
 from raydist.errors import ClusterFailedError, NodeStartTimeoutError
 from raydist.spec import ClusterSpec, ClusterStatus, NodeStatus, State
 
@@ -52,29 +53,14 @@ _HEAD = "head"
 HEAD_PORTS = ("gcs", "dashboard", "client")
 
 
-@dataclass
-class _Slot:
-    """One worker node's place in the cluster, across its restarts."""
-
-    index: int
-    key: str
-    link: NodeLink | None = None
-    up: bool = False
-    restarts: int = 0
-    up_since: float = 0.0
-    last_reason: str = ""
-    thread: threading.Thread | None = None
-
-    def log_tail(self) -> list[str]:
-        """The last lines of the current node's ``ray start`` output."""
-        return list(self.link.log_tail) if self.link is not None else []
-
-
 class RayCluster:
     """A Ray cluster whose head is this driver and whose workers are Spark tasks.
 
     Use :func:`raydist.up` rather than constructing it directly. The handle is a
     context manager: leaving the ``with`` block tears the cluster down.
+    ``head_ports`` pins head ports by name (``gcs``, ``client``,
+    ``dashboard``) when they are free, so a Service or firewall rule can name
+    them; the others are free ports.
 
     Attributes:
         spec: the desired cluster.
@@ -108,7 +94,7 @@ class RayCluster:
         self._created = time.time()
         self._updated = self._created
         self._events: deque[tuple[float, str]] = deque(maxlen=200)
-        self._slots = [_Slot(i, f"w{i}") for i in range(spec.desired_workers)]
+        self._slots = [WorkerSlot(i, f"w{i}") for i in range(spec.desired_workers)]
         self._head_link: NodeLink | None = None
         self._head_up = False
         self._head_proc: subprocess.Popen[bytes] | None = None
@@ -264,7 +250,8 @@ class RayCluster:
                 slot.thread.join(max(0.1, deadline - time.monotonic()))
         if channel is not None:
             channel.close()
-        self._wait_local_processes_gone(deadline)
+        if wait_processes_gone(f"raydist-{self._uid}", deadline):
+            log.warning("cluster %s: some local Ray processes outlived the teardown deadline", self.name)
         shutil.rmtree(self._temp_root, ignore_errors=True)
         for slot in self._slots:
             shutil.rmtree(f"{self._temp_root}-{slot.key}", ignore_errors=True)
@@ -358,40 +345,27 @@ class RayCluster:
             )
             slot.thread.start()
 
-    def _keep_worker(self, slot: _Slot) -> None:
-        """Run one worker node's Spark job, and submit it again whenever it
-        ends while the cluster is meant to run (self-healing)."""
-        failures = 0
-        while not self._stopping.is_set():
-            started = time.monotonic()
-            try:
-                self._run_worker_job(slot)
-                reason = "its Spark task ended"
-            except Exception as exc:  # noqa: BLE001 - any job end is a node loss to heal
-                reason = _first_line(exc)
-            if self._stopping.is_set():
-                return
-            with self._lock:
-                slot.up = False
-                slot.last_reason = reason
-                if "No module named 'raydist'" in reason or "No module named 'ray'" in reason:
-                    # Resubmitting cannot help: the executors' Python lacks raydist.
-                    self._set_state(
-                        State.FAILED,
-                        f"executors cannot import raydist ({reason}); install raydist and Ray in the "
-                        "executors' Python environment (PYSPARK_PYTHON)",
-                    )
-                    return
-                self._refresh_state(f"worker {slot.key} lost: {reason}")
-            if not self.spec.self_heal:
-                return
-            failures = 0 if time.monotonic() - started > 60 else failures + 1
-            backoff = min(30.0, 0.5 * (2 ** min(failures, 6))) if failures else 0.2
-            if self._stopping.wait(backoff):
-                return
-            self._record(f"resubmitting worker {slot.key}")
+    def _keep_worker(self, slot: WorkerSlot) -> None:
+        keep_filled(slot, run_job=self._run_worker_job, stopping=self._stopping, on_lost=self._on_worker_lost,
+                    record=self._record)
 
-    def _run_worker_job(self, slot: _Slot) -> None:
+    def _on_worker_lost(self, slot: WorkerSlot, reason: str) -> bool:
+        """A worker's Spark job ended; returns whether to submit it again."""
+        with self._lock:
+            slot.up = False
+            slot.last_reason = reason
+            if "No module named 'raydist'" in reason or "No module named 'ray'" in reason:
+                # Resubmitting cannot help: the executors' Python lacks raydist.
+                self._set_state(
+                    State.FAILED,
+                    f"executors cannot import raydist ({reason}); install raydist and Ray in the "
+                    "executors' Python environment (PYSPARK_PYTHON)",
+                )
+                return False
+            self._refresh_state(f"worker {slot.key} lost: {reason}")
+        return self.spec.self_heal
+
+    def _run_worker_job(self, slot: WorkerSlot) -> None:
         assert self._worker_plan is not None
         plan = dataclasses.replace(self._worker_plan, key=slot.key, temp_dir=f"{self._temp_root}-{slot.key}")
         sc = self._spark.sparkContext
@@ -519,27 +493,3 @@ class RayCluster:
                 timeout=self.spec.start_timeout_s,
                 pending=pending,
             )
-
-    def _wait_local_processes_gone(self, deadline: float) -> None:
-        """On this host, wait until no process of this cluster is left."""
-        marker = f"raydist-{self._uid}"
-        while time.monotonic() < deadline:
-            left = []
-            for proc in psutil.process_iter(["cmdline"]):
-                try:
-                    if any(marker in part for part in proc.info["cmdline"] or ()):
-                        left.append(proc)
-                except psutil.Error:
-                    continue
-            if not left:
-                return
-            time.sleep(0.1)
-        log.warning("cluster %s: some local Ray processes outlived the teardown deadline", self.name)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    for line in text:
-        if "Error" in line or "Exception" in line or "Lost" in line:
-            return line.strip()[:300]
-    return (text[0] if text else type(exc).__name__)[:300]

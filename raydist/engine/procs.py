@@ -6,7 +6,7 @@ import time
 
 import psutil
 
-__all__ = ["ray_processes", "wait_no_ray_processes"]
+__all__ = ["ray_processes", "wait_no_ray_processes", "wait_processes_gone"]
 
 #: Ray processes recognised by their command line or, for the ones Ray
 #: renames (``ray::IDLE``, ``ray::DashboardAgent``), their title.
@@ -46,3 +46,19 @@ def wait_no_ray_processes(timeout: float = 20.0, ignore: set[int] | None = None)
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)
+
+
+def wait_processes_gone(marker: str, deadline: float) -> list[psutil.Process]:
+    """Wait (until ``deadline``, a ``time.monotonic()`` value) until no process
+    on this host has ``marker`` in its command line; return those left."""
+    while True:
+        left = []
+        for proc in psutil.process_iter(["cmdline"]):
+            try:
+                if any(marker in part for part in proc.info["cmdline"] or ()):
+                    left.append(proc)
+            except psutil.Error:
+                continue
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.1)

@@ -1,0 +1,80 @@
+"""One worker node's place in a cluster, and the loop that keeps it filled.
+
+A worker node is one Spark job of one task. When that job ends while the
+cluster should run (the executor was lost, the task was killed), the slot
+submits it again, backing off when it keeps failing fast. What a loss means
+for the cluster's state is the cluster's business: the loop reports through
+``on_lost``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from raydist.engine.channel import NodeLink
+
+__all__ = ["WorkerSlot", "first_error_line", "keep_filled"]
+
+#: A job that ran at least this long was healthy: its end resets the backoff.
+HEALTHY_RUN_S = 60.0
+#: Backoff after the n-th quick failure in a row: 0.5 s * 2**n, at most this.
+MAX_BACKOFF_S = 30.0
+
+
+@dataclass
+class WorkerSlot:
+    """One worker node's place in the cluster, across its restarts."""
+
+    index: int
+    key: str
+    link: NodeLink | None = None
+    up: bool = False
+    restarts: int = 0
+    up_since: float = 0.0
+    last_reason: str = ""
+    thread: threading.Thread | None = None
+
+    def log_tail(self) -> list[str]:
+        """The last lines of the current node's ``ray start`` output."""
+        return list(self.link.log_tail) if self.link is not None else []
+
+
+def keep_filled(
+    slot: WorkerSlot,
+    *,
+    run_job: Callable[[WorkerSlot], None],
+    stopping: threading.Event,
+    on_lost: Callable[[WorkerSlot, str], bool],
+    record: Callable[[str], None],
+) -> None:
+    """Run ``slot``'s Spark job until ``stopping`` is set, submitting it again
+    each time it ends. ``on_lost(slot, reason)`` is told of every end and
+    returns whether to submit again."""
+    failures = 0
+    while not stopping.is_set():
+        started = time.monotonic()
+        try:
+            run_job(slot)
+            reason = "its Spark task ended"
+        except Exception as exc:  # noqa: BLE001 - any job end is a node loss to heal
+            reason = first_error_line(exc)
+        if stopping.is_set() or not on_lost(slot, reason):
+            return
+        failures = 0 if time.monotonic() - started > HEALTHY_RUN_S else failures + 1
+        backoff = min(MAX_BACKOFF_S, 0.5 * (2 ** min(failures, 6))) if failures else 0.2
+        if stopping.wait(backoff):
+            return
+        record(f"resubmitting worker {slot.key}")
+
+
+def first_error_line(exc: BaseException) -> str:
+    """The line of a (often very long, py4j-wrapped) Spark error that says
+    what went wrong."""
+    text = str(exc).strip().splitlines()
+    for line in text:
+        if "Error" in line or "Exception" in line or "Lost" in line:
+            return line.strip()[:300]
+    return (text[0] if text else type(exc).__name__)[:300]
