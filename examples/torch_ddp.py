@@ -10,8 +10,8 @@ from typing import Any
 
 def train_fn(config: dict[str, Any]) -> dict[str, Any]:
     """One DDP worker: fit y = x.w + b on a fixed synthetic set."""
-    import torch
     import ray.train
+    import torch
     from ray.train.torch import prepare_model
 
     torch.manual_seed(config.get("seed", 0))

@@ -22,6 +22,21 @@ def run_py(code: str, env: dict[str, str], timeout: float = 120) -> subprocess.C
     )
 
 
+#: Ray Client's proxy sometimes loses the per-client server it just forked
+#: (the child dies before it logs a line, on a loaded machine; seen about once
+#: in six connections here, with or without raydist). A user retries; so do we,
+#: once, and only for that message.
+_CLIENT_SERVER_FLAKE = "Starting Ray client server failed"
+
+
+def run_client_py(code: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``run_py`` for a Ray Client (``ray://``) driver."""
+    proc = run_py(code, env, timeout)
+    if proc.returncode != 0 and _CLIENT_SERVER_FLAKE in proc.stderr:
+        proc = run_py(code, env, timeout)
+    return proc
+
+
 def node_tasks(cluster: Any) -> dict[str, Any]:
     """In a fresh driver process: the cluster's nodes, and one task run on
     each worker node (reporting where it ran and what GPUs it saw)."""

@@ -7,7 +7,6 @@ import json
 import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from raydist.engine.procs import ray_processes, wait_no_ray_processes
 from raydist.errors import RPCError
 from raydist.spec import ClusterSpec
 from tests.control_server import Server
+from tests.probe import run_client_py
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,7 @@ def test_cli_up_status_client_down(server: Server) -> None:
     env = {k: v for k, v in server.env.items()}
     env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
     code = f"import ray; ray.init({info['client_address']!r}); print(ray.get(ray.remote(lambda: 'hi').remote()))"
-    ran = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    ran = run_client_py(code, env)
     assert ran.returncode == 0 and ran.stdout.strip().endswith("hi"), ran.stderr[-2000:]
     assert token not in up.stdout + up.stderr + status.stdout + table
 

@@ -13,6 +13,7 @@ from raydist.engine.procs import ray_processes
 from raydist.errors import CapacityError, ClusterFailedError, NodeStartTimeoutError
 from raydist.spec import State
 from tests.probe import node_tasks as _node_tasks
+from tests.probe import run_client_py
 from tests.probe import run_py as _run_py
 
 pytestmark = pytest.mark.integration
@@ -33,7 +34,7 @@ def test_two_workers_run_tasks_and_leave_nothing(spark, no_leftover_ray) -> None
         assert {t["node"] for t in info["tasks"]} == {n["id"] for n in workers}
 
         # Ray Client, as a user far away would connect.
-        proc = _run_py(
+        proc = run_client_py(
             f"""
             import ray
             ray.init("{cluster.client_address}")

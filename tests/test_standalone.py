@@ -24,7 +24,7 @@ from raydist.testing.netns import netns_unavailable_reason
 from raydist.testing.standalone import StandaloneSpark
 from tests.conftest import RESOURCES, release_shared_spark
 from tests.control_server import Server
-from tests.probe import client_server_logs, node_tasks, run_py
+from tests.probe import client_server_logs, node_tasks, run_client_py
 
 pytestmark = [pytest.mark.integration, pytest.mark.standalone]
 
@@ -90,7 +90,7 @@ def test_control_plane_on_standalone(deployment: Deployment, tmp_path: Path, no_
         token = (tmp_path / "ray_auth_token").read_text().strip()
         env = {k: v for k, v in server.env.items() if k != "RAY_ADDRESS"}
         env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
-        proc = run_py(
+        proc = run_client_py(
             f"""
             import ray
             ray.init({info['client_address']!r})
@@ -129,7 +129,7 @@ def test_cluster_spans_both_hosts_with_their_gpus(deployment: Deployment, no_lef
         assert sorted(n.gpu_ids[0] for n in workers) == sorted(t["cuda"] for t in info["tasks"])
 
         # Ray Client from the driver's host reaches the head across hosts.
-        proc = run_py(
+        proc = run_client_py(
             f"""
             import ray
             ray.init("{cluster.client_address}")

@@ -8,8 +8,8 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from raydist.compat.torch_distributor import TorchDistributor, _function_worker
 from raydist.compat._torchrun import run_script
+from raydist.compat.torch_distributor import TorchDistributor, _function_worker
 from raydist.errors import ClusterFailedError, TrainingConfigError
 from raydist.train.deepspeed import load_deepspeed_config
 
