@@ -109,9 +109,10 @@ def main() -> int:
             ours = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, cluster=cluster).run(tiny_job)
             ours_times.append(time.perf_counter() - t0)
             same = same and theirs == ours
-            print(f"round {i}: pyspark {spark_times[-1]:6.2f} s -> {theirs}   raydist {ours_times[-1]:6.2f} s -> {ours}",
-                  flush=True)
-        spark_sps = SparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(compute_job, args.compute_s)
+            print(f"round {i}: pyspark {spark_times[-1]:6.2f} s -> {theirs}   "
+                  f"raydist {ours_times[-1]:6.2f} s -> {ours}", flush=True)
+        spark_sps = SparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+            compute_job, args.compute_s)
         ours_sps = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, cluster=cluster).run(
             compute_job, args.compute_s)
         print(f"compute-bound: pyspark {spark_sps:,.0f} samples/s, raydist {ours_sps:,.0f} samples/s")

@@ -22,7 +22,7 @@ def train_fn(config: dict[str, Any]) -> dict[str, Any]:
     model = prepare_model(torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=config.get("lr", 0.05))
     losses = []
-    for epoch in range(config.get("epochs", 20)):
+    for _ in range(config.get("epochs", 20)):
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x[shard]).squeeze(-1), y[shard])
         loss.backward()

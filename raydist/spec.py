@@ -21,7 +21,18 @@ from typing import Any
 
 from raydist.errors import SpecError
 
-__all__ = ["ClusterSpec", "State", "NodeStatus", "ClusterStatus", "spec_to_proto", "spec_from_proto", "parse_size", "format_size", "MAX_WORKERS", "MANAGED_RAY_OPTIONS"]
+__all__ = [
+    "ClusterSpec",
+    "State",
+    "NodeStatus",
+    "ClusterStatus",
+    "spec_to_proto",
+    "spec_from_proto",
+    "parse_size",
+    "format_size",
+    "MAX_WORKERS",
+    "MANAGED_RAY_OPTIONS",
+]
 
 #: A cluster name is a DNS label: it becomes a Spark job tag, a directory name
 #: and, on Kubernetes, part of pod labels.

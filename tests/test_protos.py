@@ -15,7 +15,9 @@ def test_generated_code_matches_protos(tmp_path: Path) -> None:
     subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_protos.py"), "--out", str(out)], check=True)
     committed = ROOT / "raydist" / "_proto"
     fresh = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
-    ours = sorted(p.relative_to(committed) for p in committed.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    ours = sorted(
+        p.relative_to(committed) for p in committed.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+    )
     assert fresh == ours, "files differ: run scripts/gen_protos.py"
     for rel in fresh:
         assert filecmp.cmp(out / rel, committed / rel, shallow=False), f"{rel} drifted: run scripts/gen_protos.py"

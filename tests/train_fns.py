@@ -32,7 +32,7 @@ def torch_fn(config: dict[str, Any]) -> dict[str, Any]:
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
             state = torch.load(os.path.join(d, "state.pt"))
-        model.module.load_state_dict(state["model"]) if hasattr(model, "module") else model.load_state_dict(state["model"])
+        (model.module if hasattr(model, "module") else model).load_state_dict(state["model"])
         start = state["epoch"] + 1
     rank = ray.train.get_context().get_world_rank()
     losses = []
@@ -65,7 +65,7 @@ def deepspeed_fn(config: dict[str, Any], ds: Any) -> dict[str, Any]:
     restored = ds.load_checkpoint(engine)
     start = int(restored["epoch"]) + 1 if restored else 0
     losses = []
-    for epoch in range(start, start + config["epochs"]):
+    for _ in range(start, start + config["epochs"]):
         loss = torch.nn.functional.mse_loss(engine(x).squeeze(-1), y)
         engine.backward(loss)
         engine.step()

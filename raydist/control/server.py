@@ -201,7 +201,7 @@ class ClusterService(rpc.ClusterServiceServicer):
             async with self.changed:
                 try:
                     await asyncio.wait_for(self.changed.wait(), timeout=1.0)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             new = await asyncio.to_thread(self.m.events_after, request.name, last)
             if not new:

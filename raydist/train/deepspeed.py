@@ -92,7 +92,9 @@ class DeepSpeedContext:
         return client_state or {}
 
 
-def _deepspeed_worker(user_fn: Callable[..., Any], ds_config: dict[str, Any], use_gpu: bool) -> Callable[[dict[str, Any]], Any]:
+def _deepspeed_worker(
+    user_fn: Callable[..., Any], ds_config: dict[str, Any], use_gpu: bool
+) -> Callable[[dict[str, Any]], Any]:
     def run(config: dict[str, Any]) -> Any:
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if use_gpu else "cpu")
         return user_fn(config, DeepSpeedContext(ds_config, use_gpu))
@@ -114,7 +116,9 @@ class DeepSpeedTrainer(Facade):
         Other arguments as :class:`raydist.train.TorchTrainer`.
     """
 
-    def __init__(self, train_fn: Callable[..., Any], *, deepspeed_config: Mapping[str, Any] | str, **kwargs: Any) -> None:
+    def __init__(
+        self, train_fn: Callable[..., Any], *, deepspeed_config: Mapping[str, Any] | str, **kwargs: Any
+    ) -> None:
         super().__init__(train_fn, **kwargs)
         self.deepspeed_config = load_deepspeed_config(deepspeed_config)
 
