@@ -41,6 +41,7 @@ CONFIG_ENV = "RAYDIST_CONFIG"
 
 _SERVER_KEYS = {"host": str, "port": int, "metrics_port": int, "grace_s": float, "tls_cert": str, "tls_key": str,
                 "tls_client_ca": str}
+_KIND_WORDS = {str: "a string", int: "a whole number", float: "a number"}
 _RAY_KEYS = {"gcs_port": "gcs", "client_port": "client", "dashboard_port": "dashboard"}
 
 
@@ -117,7 +118,7 @@ class ServerConfig:
             if kind is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
             if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                raise SpecError(f"server.{key}", value, f"a {kind.__name__}")
+                raise SpecError(f"server.{key}", value, _KIND_WORDS[kind])
             kw[key] = value
         spark = _table(data, "spark")
         for key, value in spark.items():

@@ -1,0 +1,78 @@
+"""`raydist serve`'s configuration: file, flags, and errors that name the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raydist.control.config import ServerConfig
+from raydist.errors import SpecError
+
+GOOD = """
+[server]
+host = "0.0.0.0"
+port = 50200
+grace_s = 5
+
+[spark]
+master = "spark://m:7077"
+
+[spark.conf]
+"spark.executor.cores" = 4
+"spark.dynamicAllocation.enabled" = true
+
+[ray]
+gcs_port = 6379
+"""
+
+
+def test_file_then_flags(tmp_path: Path) -> None:
+    path = tmp_path / "raydist.toml"
+    path.write_text(GOOD)
+    cfg = ServerConfig.load(path)
+    assert (cfg.host, cfg.port, cfg.grace_s, cfg.spark_master) == ("0.0.0.0", 50200, 5.0, "spark://m:7077")
+    assert cfg.spark_conf == {"spark.executor.cores": "4", "spark.dynamicAllocation.enabled": "true"}
+    assert cfg.head_ports == {"gcs": 6379}
+    merged = cfg.merged(port=50300, host=None, spark_conf={"spark.executor.memory": "2g"})
+    assert (merged.port, merged.host) == (50300, "0.0.0.0")
+    assert merged.spark_conf["spark.executor.memory"] == "2g" and merged.spark_conf["spark.executor.cores"] == "4"
+
+
+def test_defaults_without_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RAYDIST_CONFIG", raising=False)
+    assert ServerConfig.load() == ServerConfig()
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("[server]\nport = 'x'\n", "server.port"),
+        ("[server]\nport = true\n", "server.port"),
+        ("[server]\nprot = 1\n", "server.prot"),
+        ("[server]\ntls_client_ca = 'ca.pem'\n", "server.tls_client_ca"),
+        ("[spark.conf]\n'executor.cores' = 1\n", "spark.conf.executor.cores"),
+        ("[spark]\nmaster = ''\n", "spark.master"),
+        ("[ray]\nclient_port = 15000\n", "ray.client_port"),
+        ("[extra]\n", "extra"),
+        ("not toml [", "config"),
+    ],
+)
+def test_errors_name_the_key(text: str, field: str) -> None:
+    with pytest.raises(SpecError) as info:
+        ServerConfig.from_toml(text)
+    assert info.value.field == field
+
+
+def test_cli_refuses_a_bad_file_with_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "raydist.toml"
+    path.write_text("[server]\nport = 'x'\n")
+    proc = subprocess.run([sys.executable, "-m", "raydist.cli", "serve", "--config", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "server.port" in proc.stderr and "whole number" in proc.stderr
+    missing = subprocess.run([sys.executable, "-m", "raydist.cli", "serve", "--config", str(tmp_path / "nope.toml")],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "--config" in missing.stderr
