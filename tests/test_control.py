@@ -36,22 +36,26 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 def test_cli_up_status_client_down(server: Server) -> None:
     up = server.cli("up", "demo", "-w", "2", "--cpus-per-worker", "1")
-    assert up.returncode == 0, up.stdout + up.stderr
-    assert "ray://" in up.stdout and "raydist down demo" in up.stdout
-    status = server.cli("status", "demo", "-o", "json")
-    info = json.loads(status.stdout)
-    assert info["state"] == "RUNNING" and info["ready_workers"] == 2
-    table = server.cli("status").stdout
-    assert "NAME" in table and "demo" in table and "RUNNING" in table
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "ray://" in up.stdout and "raydist down demo" in up.stdout
+        status = server.cli("status", "demo", "-o", "json")
+        info = json.loads(status.stdout)
+        assert info["state"] == "RUNNING" and info["ready_workers"] == 2
+        table = server.cli("status").stdout
+        assert "NAME" in table and "demo" in table and "RUNNING" in table
 
-    # A Ray Client user with the cluster's token.
-    token = (server.home / "ray_auth_token").read_text().strip()
-    env = {k: v for k, v in server.env.items()}
-    env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
-    code = f"import ray; ray.init({info['client_address']!r}); print(ray.get(ray.remote(lambda: 'hi').remote()))"
-    ran = run_client_py(code, env)
-    assert ran.returncode == 0 and ran.stdout.strip().endswith("hi"), ran.stderr[-2000:]
-    assert token not in up.stdout + up.stderr + status.stdout + table
+        # A Ray Client user with the cluster's token.
+        token = (server.home / "ray_auth_token").read_text().strip()
+        env = {k: v for k, v in server.env.items()}
+        env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+        code = f"import ray; ray.init({info['client_address']!r}); print(ray.get(ray.remote(lambda: 'hi').remote()))"
+        ran = run_client_py(code, env)
+        assert ran.returncode == 0 and ran.stdout.strip().endswith("hi"), ran.stderr[-2000:]
+        assert token not in up.stdout + up.stderr + status.stdout + table
+    except BaseException:
+        server.cli("down", "demo")  # the module's later tests need the executors back
+        raise
 
     down = server.cli("down", "demo")
     assert down.returncode == 0, down.stderr
