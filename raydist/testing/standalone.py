@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -149,7 +150,8 @@ class StandaloneSpark:
     def stop(self) -> list[psutil.Process]:
         """Stop every daemon (and what they started), then the namespaces.
         Returns the processes of the daemons' trees still alive 10 s later
-        (empty when everything ended)."""
+        (empty when everything ended); only then is the temporary directory
+        of logs and work dirs removed."""
         procs = [d.proc for d in self.daemons] + [self._master]
         tree: list[psutil.Process] = []
         for proc in procs:
@@ -167,7 +169,12 @@ class StandaloneSpark:
         if self._net is not None:
             self._net.remove()
             self._net = None
-        return [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        left = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not left and self._dir is not None:
+            # Logs and work dirs are kept only when something went wrong.
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+        return left
 
     def __enter__(self) -> Self:
         self.start()
