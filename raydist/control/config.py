@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raydist.engine.cluster import HEAD_PORTS
 from raydist.errors import SpecError
 
 __all__ = ["CONFIG_ENV", "ServerConfig"]
@@ -42,7 +43,8 @@ CONFIG_ENV = "RAYDIST_CONFIG"
 _SERVER_KEYS = {"host": str, "port": int, "metrics_port": int, "grace_s": float, "tls_cert": str, "tls_key": str,
                 "tls_client_ca": str}
 _KIND_WORDS = {str: "a string", int: "a whole number", float: "a number"}
-_RAY_KEYS = {"gcs_port": "gcs", "client_port": "client", "dashboard_port": "dashboard"}
+#: `[ray] <name>_port` for each head port the engine lets a deployment pin.
+_RAY_KEYS = {f"{name}_port": name for name in HEAD_PORTS}
 
 
 @dataclass
