@@ -114,6 +114,51 @@ def test_torch_distributor_matches_pyspark(cluster, spark) -> None:
     assert isinstance(ours, float) and ours == theirs
 
 
+def test_torch_distributor_keeps_its_workers_warm_between_runs(cluster) -> None:
+    from raydist.compat import TorchDistributor
+
+    def run(tag: str) -> dict:
+        return TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, cluster=cluster).run(
+            train_fns.warm_probe_fn, tag
+        )
+
+    first, second = run("first"), run("second")
+    for out in (first, second):
+        assert out["rank"] == "0" and out["world"] == "2" and out["sum_of_ranks_plus_one"] == 3.0
+    # The second run forked from the same warm worker, into a new process that
+    # saw nothing the first run left behind.
+    assert second["worker"] == first["worker"]
+    assert second["process"] != first["process"]
+    assert first["left_by_earlier_run"] is None and second["left_by_earlier_run"] is None
+
+
+def test_torch_distributor_raises_the_workers_error_and_stays_warm(cluster) -> None:
+    from raydist.compat import TorchDistributor
+
+    def distributor() -> TorchDistributor:
+        return TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, cluster=cluster)
+
+    before = distributor().run(train_fns.warm_probe_fn, "before")
+    with pytest.raises(ValueError, match="bad batch on rank 1") as caught:
+        distributor().run(train_fns.fails_on_rank_1)
+    assert any("rank 1" in note for note in getattr(caught.value, "__notes__", []))
+    after = distributor().run(train_fns.warm_probe_fn, "after")
+    assert after["worker"] == before["worker"]
+
+
+def test_torch_distributor_survives_a_lost_worker(cluster, tmp_path) -> None:
+    from raydist.compat import TorchDistributor
+
+    got = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, cluster=cluster, max_failures=1).run(
+        train_fns.dies_once_on_rank_1, str(tmp_path), 0.05
+    )
+    assert (tmp_path / "died-once").exists()
+    fresh = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, cluster=cluster, keep_warm_s=0).run(
+        train_fns.spark_style_torch_fn, 0.05, epochs=4
+    )
+    assert got == fresh  # the rerun trained from the start, to the same model
+
+
 def test_deepspeed_distributor_hands_the_config_to_functions(cluster) -> None:
     from raydist.compat import DeepspeedTorchDistributor
 

@@ -133,3 +133,41 @@ def deepspeed_config_fn() -> dict[str, Any] | None:
     from raydist.compat import deepspeed_config
 
     return deepspeed_config()
+
+
+def warm_probe_fn(tag: str) -> dict[str, Any]:
+    """What a Spark-style function sees of its process: who forked it, what an
+    earlier run left in its environment, and a working process group."""
+    import torch
+    import torch.distributed as dist
+
+    seen = os.environ.get("RAYDIST_TEST_LEFT_BY")
+    os.environ["RAYDIST_TEST_LEFT_BY"] = tag
+    dist.init_process_group("gloo")
+    total = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(total)
+    dist.destroy_process_group()
+    return {
+        "worker": os.getppid(),
+        "process": os.getpid(),
+        "left_by_earlier_run": seen,
+        "rank": os.environ["RANK"],
+        "world": os.environ["WORLD_SIZE"],
+        "sum_of_ranks_plus_one": total.item(),
+    }
+
+
+def fails_on_rank_1() -> None:
+    if os.environ["RANK"] == "1":
+        raise ValueError("bad batch on rank 1")
+
+
+def dies_once_on_rank_1(marker_dir: str, lr: float) -> float:
+    """Rank 1's process is SIGKILLed the first time, as a lost executor would be."""
+    import signal
+
+    marker = os.path.join(marker_dir, "died-once")
+    if os.environ["RANK"] == "1" and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return spark_style_torch_fn(lr, epochs=4)

@@ -49,7 +49,7 @@ def as_torchrun_worker() -> dict[str, str]:
 
 
 def run_script(path: str, args: Sequence[str]) -> int:
-    """Run a training script as torchrun would, streaming its output; returns its exit code."""
-    env = {**os.environ, **as_torchrun_worker()}
-    proc = subprocess.run([sys.executable, path, *args], env=env, check=False)
+    """Run a training script with this worker's torchrun environment,
+    streaming its output; returns its exit code."""
+    proc = subprocess.run([sys.executable, path, *args], env=dict(os.environ), check=False)
     return proc.returncode

@@ -77,16 +77,35 @@ class DeepspeedTorchDistributor(TorchDistributor):
         localMode: accepted; workers always run on the cluster's Ray nodes.
         useGpu: one GPU per worker (CUDA and NCCL), else CPU and gloo.
         deepspeedConfig: a dict or a JSON file path.
+
+    Every run gets fresh worker processes: DeepSpeed keeps process-wide
+    state (its communication backend, accelerator) that a later run in the
+    same process would inherit.
     """
 
-    def __init__(self, numGpus: int = 1, nnodes: int = 1, localMode: bool = True, useGpu: bool = True,  # noqa: N803
-                 deepspeedConfig: dict[str, Any] | str | None = None, *, cluster: Any = None,  # noqa: N803
-                 max_failures: int = 0) -> None:
+    _warm_capable = False
+
+    def __init__(
+        self,
+        numGpus: int = 1,
+        nnodes: int = 1,
+        localMode: bool = True,
+        useGpu: bool = True,  # noqa: N803
+        deepspeedConfig: dict[str, Any] | str | None = None,
+        *,
+        cluster: Any = None,  # noqa: N803
+        max_failures: int = 0,
+    ) -> None:
         for field, value in (("numGpus", numGpus), ("nnodes", nnodes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise TrainingConfigError(field, value, "expected a whole number of at least 1")
-        super().__init__(num_processes=numGpus * nnodes, local_mode=localMode, use_gpu=useGpu, cluster=cluster,
-                         max_failures=max_failures)
+        super().__init__(
+            num_processes=numGpus * nnodes,
+            local_mode=localMode,
+            use_gpu=useGpu,
+            cluster=cluster,
+            max_failures=max_failures,
+        )
         self.num_gpus = numGpus
         self.nnodes = nnodes
         self.deepspeed_config = None if deepspeedConfig is None else load_deepspeed_config(deepspeedConfig)

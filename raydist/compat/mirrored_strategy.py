@@ -43,14 +43,25 @@ class MirroredStrategyRunner:
         use_custom_strategy: as in Spark.
     """
 
-    def __init__(self, num_slots: int, local_mode: bool = False, use_gpu: bool = True,
-                 gpu_resource_name: str = "gpu", use_custom_strategy: bool = False, *, cluster: Any = None,
-                 max_failures: int = 0) -> None:
+    def __init__(
+        self,
+        num_slots: int,
+        local_mode: bool = False,
+        use_gpu: bool = True,
+        gpu_resource_name: str = "gpu",
+        use_custom_strategy: bool = False,
+        *,
+        cluster: Any = None,
+        max_failures: int = 0,
+    ) -> None:
         if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots < 1:
             raise TrainingConfigError("num_slots", num_slots, "expected a whole number of at least 1")
         if local_mode:
-            raise TrainingConfigError("local_mode", local_mode, "run train_fn directly for a local run; "
-                                      "MirroredStrategyRunner on raydist always trains on the cluster")
+            raise TrainingConfigError(
+                "local_mode",
+                local_mode,
+                "run train_fn directly for a local run; MirroredStrategyRunner on raydist always trains on the cluster",
+            )
         if gpu_resource_name != "gpu":
             raise TrainingConfigError("gpu_resource_name", gpu_resource_name, "Ray schedules GPUs as 'gpu' only")
         self.num_slots = num_slots

@@ -113,7 +113,9 @@ class Facade:
         """Train on the cluster; returns Ray Train's ``Result``
         (``.metrics``, ``.checkpoint``, ``.return_value`` of rank 0)."""
         from raydist.train._connect import connected
+        from raydist.train.resident import release_resident_runs
 
+        release_resident_runs()  # warm workers of this process would hold the CPUs this fit needs
         cpus = int(self.resources_per_worker.get("CPU", 1) or 0)
         with connected(self.cluster, workers=self.workers, cpus_per_worker=cpus, use_gpu=self.use_gpu):
             return self.build().fit()

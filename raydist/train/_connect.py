@@ -44,14 +44,10 @@ def connected(cluster: Any, *, workers: int, cpus_per_worker: int, use_gpu: bool
 
         handle = _registry.get(cluster)
     elif cluster is not None:
-        raise TrainingConfigError(
-            "cluster", cluster, "give a raydist cluster handle, a cluster name, or nothing"
-        )
+        raise TrainingConfigError("cluster", cluster, "give a raydist cluster handle, a cluster name, or nothing")
     elif not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):
         log.info("no cluster given and no RAY_ADDRESS: starting an embedded one")
-        owned = raydist.up(
-            workers=workers, cpus_per_worker=cpus_per_worker, gpus_per_worker=1 if use_gpu else 0
-        )
+        owned = raydist.up(workers=workers, cpus_per_worker=cpus_per_worker, gpus_per_worker=1 if use_gpu else 0)
         handle = owned
     connected_here = False
     previous_interval = os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")

@@ -1,0 +1,294 @@
+"""A Ray Train run kept warm between jobs.
+
+Every ``TorchTrainer.fit`` starts a controller and fresh worker processes,
+and each new worker imports torch and Ray Train before the user's code runs:
+on a small machine that is most of a short job's wall time. A
+:class:`ResidentRun` starts one Ray Train run whose workers stay up and take
+jobs (plain functions) from a :mod:`job board <raydist.train._board>` until
+they have been idle ``keep_alive_s`` seconds. A second job then starts in the
+processes the first one warmed.
+
+What Ray Train still does: places the workers, sets up their process group
+once, restarts the whole group when a worker is lost (``max_failures``), and
+streams the workers' output to the driver. A lost worker makes the new group
+run the unfinished job again from its start, as a fresh run would.
+
+Each job runs in a child process forked from its warm worker: it starts with
+torch (and whatever the job's function needs) already imported, and leaves
+nothing behind for the next job, as a fresh process would. It gets torchrun's
+environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, a
+fresh ``MASTER_PORT``...). The job cannot use Ray's own APIs (the child is not
+a Ray worker): this is for functions written for torchrun or Spark, not for
+``ray.train.report``. A job that dies without an outcome (a signal, a crash)
+counts as a lost worker.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from raydist.errors import ClusterFailedError
+
+__all__ = ["ResidentRun", "resident_run", "release_resident_runs"]
+
+log = logging.getLogger(__name__)
+
+#: How long a resident run's workers wait for the next job before they end.
+DEFAULT_KEEP_ALIVE_S = 120.0
+_POLL_S = 2.0
+
+
+def _serve(config: dict[str, Any]) -> None:
+    """The training function of a resident run: take jobs until told to end.
+    Each job runs in a child forked from this warm worker
+    (:mod:`raydist.train._fork`)."""
+    import socket
+
+    import ray
+    import ray.train
+    import torch.distributed as dist
+    from ray import cloudpickle
+
+    from raydist.train._fork import ERROR, LOST, OK, run_forked
+
+    board = config["board"]
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    generation = [0]
+    if rank == 0:
+        generation[0] = ray.get(board.new_generation.remote(world))
+    if dist.is_initialized():
+        # Ray Train's process group carries the generation, then makes way for
+        # the group each job makes itself, as under torchrun.
+        dist.broadcast_object_list(generation, src=0)
+        dist.destroy_process_group()
+    gen = generation[0]
+    ray.get(board.register.remote(gen, rank, ray.get_runtime_context().current_actor))
+    base_env = {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(ctx.get_local_rank()),
+        "LOCAL_WORLD_SIZE": str(ctx.get_local_world_size()),
+        "NODE_RANK": str(ctx.get_node_rank()),
+    }
+    after = 0
+    while True:
+        job = ray.get(board.next_job.remote(gen, after))
+        if job is None:
+            return
+        seq, payload = job
+        after = seq
+        if rank == 0:
+            with socket.socket() as s:
+                s.bind(("", 0))
+                port = s.getsockname()[1]
+            addr = ray.util.get_node_ip_address()
+            ray.get(board.publish_rendezvous.remote(gen, seq, addr, port))
+        else:
+            found = ray.get(board.get_rendezvous.remote(gen, seq))
+            if found is None:
+                continue
+            addr, port = found
+        try:
+            fn = cloudpickle.loads(payload)  # imports what the job needs here, once, before the fork
+        except BaseException as e:  # noqa: BLE001 - reported like the job's own error
+            ray.get(board.report.remote(gen, seq, rank, False, _pickle_error(e)))
+            continue
+        kind, value = run_forked(
+            fn,
+            {**base_env, "MASTER_ADDR": str(addr), "MASTER_PORT": str(port)},
+            still_wanted=lambda seq=seq: bool(ray.get(board.job_active.remote(gen, seq))),
+        )
+        if kind == LOST:
+            # Like a lost worker: Ray Train replaces the group (max_failures)
+            # and the new group runs the job again.
+            raise RuntimeError(f"the process running rank {rank}'s job {value}")
+        if kind in (OK, ERROR):
+            ray.get(board.report.remote(gen, seq, rank, kind == OK, value if kind == ERROR or rank == 0 else b""))
+
+
+def _pickle_error(error: BaseException) -> bytes:
+    from raydist.train._fork import pickle_error
+
+    return pickle_error(error)
+
+
+class ResidentRun:
+    """One warm Ray Train run of ``workers`` CPU workers that runs jobs in turn.
+
+    ``run(job)`` runs ``job()`` on every worker and returns rank 0's value;
+    the first worker's error is raised in the caller, with the worker's
+    traceback as a note, and the other workers' copies of the job are
+    stopped; the workers stay warm. Jobs run one at a time; ``close()`` ends
+    the run. GPU workers are not offered: a CUDA context does not survive
+    the fork each job starts with.
+    """
+
+    def __init__(
+        self,
+        *,
+        workers: int,
+        resources_per_worker: Mapping[str, float] | None = None,
+        max_failures: int = 0,
+        keep_alive_s: float = DEFAULT_KEEP_ALIVE_S,
+    ) -> None:
+        self.workers = workers
+        self.resources_per_worker = dict(resources_per_worker or {"CPU": 1})
+        self.max_failures = max_failures
+        self.keep_alive_s = keep_alive_s
+        self.result: Any = None
+        """Ray Train's Result of the run, once it has ended."""
+        self._board: Any = None
+        self._thread: threading.Thread | None = None
+        self._fit_error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Start the Ray Train run in a background thread (returns at once)."""
+        from ray.train import FailureConfig, RunConfig, ScalingConfig
+        from ray.train.torch import TorchTrainer
+
+        self._board = _board_actor(self.keep_alive_s)
+        trainer = TorchTrainer(
+            _serve,
+            train_loop_config={"board": self._board},
+            scaling_config=ScalingConfig(
+                num_workers=self.workers, use_gpu=False, resources_per_worker=self.resources_per_worker
+            ),
+            run_config=RunConfig(
+                name=f"raydist-resident-{uuid.uuid4().hex[:8]}",
+                failure_config=FailureConfig(max_failures=self.max_failures),
+            ),
+        )
+        self._thread = threading.Thread(target=self._fit, args=(trainer,), name="raydist-resident", daemon=True)
+        self._thread.start()
+
+    def _fit(self, trainer: Any) -> None:
+        try:
+            self.result = trainer.fit()
+        except BaseException as e:  # noqa: BLE001 - reported by the next run() call
+            self._fit_error = e
+
+    def run(self, job: Callable[[], Any]) -> Any:
+        """Run ``job()`` on every worker; rank 0's return value."""
+        import ray
+        from ray import cloudpickle
+
+        with self._lock:
+            if not self.alive:
+                raise ClusterFailedError("the resident training run has ended; start a new one")
+            seq = ray.get(self._board.submit.remote(cloudpickle.dumps(job)))
+            while True:
+                state, value = ray.get(self._board.wait.remote(seq, _POLL_S))
+                if state == "ok":
+                    return cloudpickle.loads(value)
+                if state == "error":
+                    rank, payload = value
+                    if not payload:
+                        raise ClusterFailedError("the resident training run lost its job")
+                    error, text = cloudpickle.loads(payload)
+                    error.add_note(f"raised by training worker rank {rank}; its traceback:\n{text}")
+                    raise error
+                if not self.alive:
+                    raise ClusterFailedError(f"the training run ended before the job finished: {self._ended_why()}")
+
+    def _ended_why(self) -> str:
+        if self._fit_error is not None:
+            return f"{type(self._fit_error).__name__}: {self._fit_error}"
+        error = getattr(self.result, "error", None)
+        return f"{type(error).__name__}: {error}" if error is not None else "it stopped"
+
+    def close(self, *, abort: bool = False, timeout: float = 30.0) -> None:
+        """End the run: idle workers return at once; with ``abort`` (or when
+        they do not return in time) the workers are killed."""
+        import ray
+
+        if self._board is None:
+            return
+        board, self._board = self._board, None
+        if not ray.is_initialized():
+            return  # disconnected: the run's actors ended with this driver's job
+        try:
+            ray.get(board.stop.remote(), timeout=10)
+            if abort:
+                for actor in ray.get(board.worker_actors.remote(), timeout=10):
+                    ray.kill(actor, no_restart=True)
+            if self._thread is not None:
+                self._thread.join(timeout)
+                if self._thread.is_alive() and not abort:
+                    for actor in ray.get(board.worker_actors.remote(), timeout=10):
+                        ray.kill(actor, no_restart=True)
+                    self._thread.join(timeout)
+        except Exception as e:  # noqa: BLE001 - closing after the cluster or connection is gone
+            log.debug("closing a resident run: %s", e)
+        finally:
+            try:
+                ray.kill(board)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _board_actor(keep_alive_s: float) -> Any:
+    from raydist.train._board import board_actor
+
+    return board_actor(keep_alive_s)
+
+
+_current: tuple[tuple[Any, ...], ResidentRun] | None = None
+_registry_lock = threading.Lock()
+
+
+def resident_run(
+    *, workers: int, resources_per_worker: Mapping[str, float], max_failures: int, keep_alive_s: float
+) -> ResidentRun:
+    """This process's warm run for these settings on the connected cluster,
+    started if needed. One at a time: a run with other settings ends the
+    previous one first, since its workers hold the CPUs the new one needs."""
+    import ray
+
+    global _current
+    key = (
+        ray.get_runtime_context().gcs_address,
+        workers,
+        tuple(sorted(resources_per_worker.items())),
+        max_failures,
+        keep_alive_s,
+    )
+    with _registry_lock:
+        if _current is not None:
+            current_key, current = _current
+            if current_key == key and current.alive:
+                return current
+            current.close()
+            _current = None
+        run = ResidentRun(
+            workers=workers,
+            resources_per_worker=resources_per_worker,
+            max_failures=max_failures,
+            keep_alive_s=keep_alive_s,
+        )
+        run.start()
+        _current = (key, run)
+        return run
+
+
+def release_resident_runs() -> None:
+    """End this process's warm run, if any, so its workers' CPUs are free
+    (the facades call this before a fit of their own)."""
+    global _current
+    with _registry_lock:
+        if _current is not None:
+            _current[1].close()
+            _current = None
+
+
+atexit.register(release_resident_runs)
