@@ -98,6 +98,32 @@ async def _load(address: str, token: str | None, clients: int, seconds: float, e
     return latencies, errors
 
 
+def _wait_idle(pid: int, *, below: float = 0.05, window_s: float = 2.0, timeout_s: float = 90.0) -> bool:
+    """Wait until the process tree of ``pid`` uses less than ``below`` of one
+    CPU over ``window_s``; False if it never does within ``timeout_s``."""
+    import psutil
+
+    def used(procs: list[psutil.Process]) -> float:
+        total = 0.0
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+        return total
+
+    deadline = time.monotonic() + timeout_s
+    root = psutil.Process(pid)
+    while time.monotonic() < deadline:
+        procs = [root, *root.children(recursive=True)]
+        before = used(procs)
+        time.sleep(window_s)
+        if (used(procs) - before) / window_s < below:
+            return True
+    return False
+
+
 def _report(label: str, latencies: list[float], errors: int, seconds: float) -> tuple[float, float]:
     rps = len(latencies) / seconds
     q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
@@ -143,10 +169,13 @@ def main() -> int:
             time.sleep(0.1)
         token = (home / "control_token").read_text().strip()
         client = Client(f"127.0.0.1:{port}", token=token)
-        while not client.server_info().spark_master:  # let Spark finish starting: it eats CPU
+        while not client.server_info().spark_master:
             time.sleep(0.5)
         assert len(client.list()) == 2
-        time.sleep(2)
+        # Measure a running server, not one whose executor JVMs are still
+        # starting and compiling: wait until its process tree is idle.
+        settled = _wait_idle(server.pid)
+        print(f"server idle after start-up: {settled}", flush=True)
         assert echo.stdout is not None and echo.stdout.readline().strip() == b"ready"
 
         lat, errors = asyncio.run(_load(f"127.0.0.1:{port}", token, args.clients, args.seconds, echo=False))

@@ -130,8 +130,9 @@ class TorchDistributor:
             return run.run(job)
 
     def _fit_fresh(self, job: Callable[[], Any]) -> Any:
-        from ray.train import FailureConfig
+        from ray.train import FailureConfig, RunConfig
 
+        from raydist.train.resident import TORCHRUN_PRIORITY_ENV
         from raydist.train.torch import TorchTrainer
 
         def worker(_config: Any) -> Any:
@@ -143,6 +144,7 @@ class TorchDistributor:
             workers=self.num_processes,
             use_gpu=self.use_gpu,
             failure_config=FailureConfig(max_failures=self.max_failures),
+            run_config=RunConfig(worker_runtime_env=TORCHRUN_PRIORITY_ENV),
             cluster=self.cluster,
         )
         try:

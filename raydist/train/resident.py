@@ -41,6 +41,13 @@ log = logging.getLogger(__name__)
 #: How long a resident run's workers wait for the next job before they end.
 DEFAULT_KEEP_ALIVE_S = 120.0
 _POLL_S = 2.0
+_HEALTH_CHECK_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+
+#: Ray starts workers at nice 15; torchrun (and so Spark's distributor) trains
+#: at the executor's own priority. At 15 the training loses CPU to every other
+#: process on the host. The runtime env of workers that train like torchrun.
+TORCHRUN_PRIORITY_ENV = {"env_vars": {"RAY_worker_niceness": "0"}}
+_IDLE_HEALTH_CHECK_S = "2"
 
 
 def _serve(config: dict[str, Any]) -> None:
@@ -152,8 +159,14 @@ class ResidentRun:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self) -> None:
-        """Start the Ray Train run in a background thread (returns at once)."""
+    def start(self, timeout_s: float = 300.0) -> None:
+        """Start the Ray Train run in a background thread; returns once its
+        workers are up (or the run ended, or ``timeout_s`` passed: then the
+        first ``run`` reports what happened)."""
+        import os
+        import time
+
+        import ray
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
 
@@ -167,10 +180,27 @@ class ResidentRun:
             run_config=RunConfig(
                 name=f"raydist-resident-{uuid.uuid4().hex[:8]}",
                 failure_config=FailureConfig(max_failures=self.max_failures),
+                worker_runtime_env=TORCHRUN_PRIORITY_ENV,
             ),
         )
-        self._thread = threading.Thread(target=self._fit, args=(trainer,), name="raydist-resident", daemon=True)
-        self._thread.start()
+        # Jobs do not call ray.train.report, so the controller need not poll
+        # its idle workers often (raydist's facades poll at 0.2 s); Ray Train
+        # reads this when the run's controller starts.
+        saved = os.environ.get(_HEALTH_CHECK_ENV)
+        os.environ[_HEALTH_CHECK_ENV] = _IDLE_HEALTH_CHECK_S
+        try:
+            self._thread = threading.Thread(target=self._fit, args=(trainer,), name="raydist-resident", daemon=True)
+            self._thread.start()
+            deadline = time.monotonic() + timeout_s
+            while self.alive and time.monotonic() < deadline:
+                if ray.get(self._board.ready.remote()):
+                    break
+                time.sleep(0.2)
+        finally:
+            if saved is None:
+                os.environ.pop(_HEALTH_CHECK_ENV, None)
+            else:
+                os.environ[_HEALTH_CHECK_ENV] = saved
 
     def _fit(self, trainer: Any) -> None:
         try:
