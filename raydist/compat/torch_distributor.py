@@ -136,7 +136,10 @@ class TorchDistributor:
         from raydist.train.torch import TorchTrainer
 
         def worker(_config: Any) -> Any:
+            from raydist.train._fork import keep_destroyed_groups
+
             as_torchrun_worker()
+            keep_destroyed_groups()  # this worker ends with the run; see raydist.train._fork
             return job()
 
         trainer = TorchTrainer(

@@ -64,7 +64,7 @@ def run_forked(
         try:
             os.close(read_fd)
             _die_with_parent()
-            _keep_destroyed_groups()
+            keep_destroyed_groups()
             os.environ.update(env)
             try:
                 outcome: tuple[str, bytes] = (OK, cloudpickle.dumps(job()))
@@ -126,9 +126,10 @@ def _learn_imports(names: list[str]) -> None:
 _kept_groups: list[Any] = []
 
 
-def _keep_destroyed_groups() -> None:
+def keep_destroyed_groups() -> None:
     """Make ``destroy_process_group`` keep the groups it destroys referenced
-    (see the module's docstring)."""
+    until this process ends (see the module's docstring). For processes that
+    end after the job: a forked child, or a Ray Train worker of a fresh run."""
     dist = sys.modules.get("torch.distributed")
     if dist is None:
         return
