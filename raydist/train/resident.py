@@ -61,7 +61,7 @@ def _serve(config: dict[str, Any]) -> None:
     import torch.distributed as dist
     from ray import cloudpickle
 
-    from raydist.train._fork import ERROR, LOST, OK, run_forked
+    from raydist.train._fork import ERROR, LOST, OK, pickle_error, run_forked
 
     board = config["board"]
     ctx = ray.train.get_context()
@@ -104,7 +104,7 @@ def _serve(config: dict[str, Any]) -> None:
         try:
             fn = cloudpickle.loads(payload)  # imports what the job needs here, once, before the fork
         except BaseException as e:  # noqa: BLE001 - reported like the job's own error
-            ray.get(board.report.remote(gen, seq, rank, False, _pickle_error(e)))
+            ray.get(board.report.remote(gen, seq, rank, False, pickle_error(e)))
             continue
         kind, value = run_forked(
             fn,
@@ -117,12 +117,6 @@ def _serve(config: dict[str, Any]) -> None:
             raise RuntimeError(f"the process running rank {rank}'s job {value}")
         if kind in (OK, ERROR):
             ray.get(board.report.remote(gen, seq, rank, kind == OK, value if kind == ERROR or rank == 0 else b""))
-
-
-def _pickle_error(error: BaseException) -> bytes:
-    from raydist.train._fork import pickle_error
-
-    return pickle_error(error)
 
 
 class ResidentRun:
@@ -237,9 +231,9 @@ class ResidentRun:
         error = getattr(self.result, "error", None)
         return f"{type(error).__name__}: {error}" if error is not None else "it stopped"
 
-    def close(self, *, abort: bool = False, timeout: float = 30.0) -> None:
-        """End the run: idle workers return at once; with ``abort`` (or when
-        they do not return in time) the workers are killed."""
+    def close(self, *, timeout: float = 30.0) -> None:
+        """End the run: idle workers return at once; workers that do not
+        return within ``timeout`` are killed."""
         import ray
 
         if self._board is None:
@@ -249,12 +243,9 @@ class ResidentRun:
             return  # disconnected: the run's actors ended with this driver's job
         try:
             ray.get(board.stop.remote(), timeout=10)
-            if abort:
-                for actor in ray.get(board.worker_actors.remote(), timeout=10):
-                    ray.kill(actor, no_restart=True)
             if self._thread is not None:
                 self._thread.join(timeout)
-                if self._thread.is_alive() and not abort:
+                if self._thread.is_alive():
                     for actor in ray.get(board.worker_actors.remote(), timeout=10):
                         ray.kill(actor, no_restart=True)
                     self._thread.join(timeout)
