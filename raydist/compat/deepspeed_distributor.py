@@ -87,13 +87,13 @@ class DeepspeedTorchDistributor(TorchDistributor):
 
     def __init__(
         self,
-        numGpus: int = 1,
+        numGpus: int = 1,  # noqa: N803 - Spark's own argument name
         nnodes: int = 1,
-        localMode: bool = True,
-        useGpu: bool = True,  # noqa: N803
-        deepspeedConfig: dict[str, Any] | str | None = None,
+        localMode: bool = True,  # noqa: N803 - Spark's own argument name
+        useGpu: bool = True,  # noqa: N803 - Spark's own argument name
+        deepspeedConfig: dict[str, Any] | str | None = None,  # noqa: N803 - Spark's own argument name
         *,
-        cluster: Any = None,  # noqa: N803
+        cluster: Any = None,
         max_failures: int = 0,
     ) -> None:
         for field, value in (("numGpus", numGpus), ("nnodes", nnodes)):

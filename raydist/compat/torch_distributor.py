@@ -108,10 +108,9 @@ class TorchDistributor:
     def _fit(self, job: Callable[[], Any]) -> Any:
         """Run ``job()`` on every worker with torchrun's environment set;
         rank 0's return value."""
-        import ray
+        from raydist.train._connect import starts_embedded
 
-        embedded = self.cluster is None and not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
-        if self._warm_capable and self.keep_warm_s > 0 and not self.use_gpu and not embedded:
+        if self._warm_capable and self.keep_warm_s > 0 and not self.use_gpu and not starts_embedded(self.cluster):
             return self._fit_warm(job)
         return self._fit_fresh(job)
 

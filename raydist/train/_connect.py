@@ -45,7 +45,7 @@ def connected(cluster: Any, *, workers: int, cpus_per_worker: int, use_gpu: bool
         handle = _registry.get(cluster)
     elif cluster is not None:
         raise TrainingConfigError("cluster", cluster, "give a raydist cluster handle, a cluster name, or nothing")
-    elif not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):
+    elif starts_embedded(cluster):
         log.info("no cluster given and no RAY_ADDRESS: starting an embedded one")
         owned = raydist.up(workers=workers, cpus_per_worker=cpus_per_worker, gpus_per_worker=1 if use_gpu else 0)
         handle = owned
@@ -79,6 +79,14 @@ def connected(cluster: Any, *, workers: int, cpus_per_worker: int, use_gpu: bool
             ray.shutdown()
         if owned is not None:
             owned.down()
+
+
+def starts_embedded(cluster: Any) -> bool:
+    """Whether :func:`connected` would start (and after the fit tear down)
+    an embedded cluster for ``cluster``."""
+    import ray
+
+    return cluster is None and not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
 
 
 def _check_resources(workers: int, cpus_per_worker: int, use_gpu: bool) -> None:

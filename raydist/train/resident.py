@@ -164,7 +164,9 @@ class ResidentRun:
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
 
-        self._board = _board_actor(self.keep_alive_s)
+        from raydist.train._board import board_actor
+
+        self._board = board_actor(self.keep_alive_s)
         trainer = TorchTrainer(
             _serve,
             train_loop_config={"board": self._board},
@@ -256,12 +258,6 @@ class ResidentRun:
                 ray.kill(board)
             except Exception:  # noqa: BLE001
                 pass
-
-
-def _board_actor(keep_alive_s: float) -> Any:
-    from raydist.train._board import board_actor
-
-    return board_actor(keep_alive_s)
 
 
 _current: tuple[tuple[Any, ...], ResidentRun] | None = None
