@@ -10,8 +10,8 @@ import atexit
 import logging
 import secrets
 import threading
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from raydist.errors import ClusterExistsError, ClusterNotFoundError
 from raydist.spec import ClusterSpec
@@ -26,17 +26,44 @@ __all__ = ["up", "down", "clusters"]
 log = logging.getLogger(__name__)
 
 
+class _Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+_S = TypeVar("_S", bound=_Closeable)
+
+
 class _Registry:
-    """Clusters started by this process, by name; torn down at exit."""
+    """What this process started through raydist, torn down at exit: clusters
+    by name, the embedded SparkSession, and long-lived services (the training
+    session) that higher layers keep here by key. The exit hook is
+    registered with the first thing kept, not at import."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._clusters: dict[str, RayCluster] = {}
+        self._services: dict[str, _Closeable] = {}
         self._owned_spark: SparkSession | None = None
-        atexit.register(self.shutdown)
+        self._hooked = False
+
+    def _hook_exit(self) -> None:
+        """Called with the lock held."""
+        if not self._hooked:
+            atexit.register(self.shutdown)
+            self._hooked = True
+
+    def service(self, key: str, factory: Callable[[], _S]) -> _S:
+        """The service kept under ``key``, made by ``factory`` on first use;
+        closed at :meth:`shutdown` (before the clusters and Spark)."""
+        with self._lock:
+            if key not in self._services:
+                self._hook_exit()
+                self._services[key] = factory()
+            return self._services[key]  # type: ignore[return-value]
 
     def add(self, cluster: RayCluster) -> None:
         with self._lock:
+            self._hook_exit()
             old = self._clusters.get(cluster.name)
             if old is not None and not old.state.terminal:
                 raise ClusterExistsError(cluster.name)
@@ -61,11 +88,19 @@ class _Registry:
         from raydist.engine.spark import embedded_session
 
         with self._lock:
-            if self._owned_spark is None:
+            if self._owned_spark is None or self._owned_spark.sparkContext._jsc is None:
+                self._hook_exit()
                 self._owned_spark = embedded_session(master, conf)
             return self._owned_spark
 
     def shutdown(self) -> None:
+        with self._lock:
+            services, self._services = list(self._services.values()), {}
+        for service in reversed(services):
+            try:
+                service.close()
+            except Exception:  # noqa: BLE001 - at exit, tear down as much as possible
+                log.exception("closing %r at exit", service)
         for cluster in self.all():
             try:
                 cluster.down()
@@ -117,6 +152,10 @@ def up(
     Returns:
         The running cluster: ``.address``, ``.client_address``,
         ``.dashboard_url``, ``.status()``, ``.down()``; a context manager.
+        Like ``ray.util.spark.setup_ray_cluster``, it becomes this process's
+        default Ray cluster: ``RAY_ADDRESS`` and the cluster's token are set
+        in ``os.environ`` (restored at ``down()``), so ``ray.init()`` and
+        subprocesses reach it with no other call.
 
     Example:
         >>> with raydist.up(workers=2, cpus_per_worker=1) as cluster:  # doctest: +SKIP
@@ -147,6 +186,7 @@ def up(
     except BaseException:
         _registry.remove(spec.name, cluster)
         raise
+    cluster.export_env()
     return cluster
 
 

@@ -75,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--conf", action="append", type=_conf_pair, default=[], metavar="KEY=VALUE",
                    help="Spark setting (repeatable)")
     u.add_argument("--restart", action="store_true", help="start it again when the control plane restarts")
+    u.add_argument("--dashboard", action="store_true", help="run the Ray dashboard (and Jobs API) on the head")
     u.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True)
     u.add_argument("--timeout", type=float, default=600.0)
     common(u)
@@ -208,7 +209,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     spec = ClusterSpec(
         name=args.name, workers=args.workers, min_workers=args.min_workers, max_workers=args.max_workers,
         cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
-        memory_per_worker=args.memory_per_worker, spark_conf=dict(args.conf),
+        memory_per_worker=args.memory_per_worker, spark_conf=dict(args.conf), dashboard=args.dashboard,
     )
     client = _client(args, start_local=True)
     cluster = client.create(spec, request_id=uuid.uuid4().hex, restart_on_server_restart=args.restart)
@@ -233,7 +234,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         if cluster.client_address:
             out.print(f"  Ray Client:  {cluster.client_address}")
             out.print(f"  GCS address: {cluster.address}")
-            out.print(f"  Dashboard:   {cluster.dashboard_url}")
+            if cluster.dashboard_url:
+                out.print(f"  Dashboard:   {cluster.dashboard_url}")
         out.print("Next:")
         out.print(f"  raydist status {spec.name}")
         out.print(f"  python -c 'import ray; ray.init(\"{cluster.client_address or 'ray://...'}\")'"

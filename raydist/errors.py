@@ -142,8 +142,10 @@ class ClusterExistsError(RaydistError):
         return (self.__class__, (self.name, self.detail))
 
 
-class ClusterFailedError(RaydistError):
-    """A cluster could not start or stopped working; the message says why."""
+class ClusterFailedError(RaydistError, RuntimeError):
+    """A cluster could not start or stopped working, or a training run
+    failed outside the user's code; the message says why. A RuntimeError,
+    as Spark's distributors raise for a failed run."""
 
 
 class AuthenticationError(RaydistError):

@@ -156,6 +156,9 @@ class ClusterSpec:
         env: environment for every Ray process of the cluster.
         start_timeout_s: how long ``up`` waits for the cluster to be ready.
         self_heal: resubmit a worker node whose Spark task or executor died.
+        dashboard: run the Ray dashboard on the head (it also serves Ray's
+            Jobs and State APIs). Off by default: its processes slow every
+            start on a small host, and nothing raydist does needs it.
 
     Example:
         >>> spec = ClusterSpec(name="demo", workers=2, cpus_per_worker=1)
@@ -180,6 +183,7 @@ class ClusterSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     start_timeout_s: float = 180.0
     self_heal: bool = True
+    dashboard: bool = False
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -249,6 +253,8 @@ class ClusterSpec:
         put("start_timeout_s", float(t))
         if not isinstance(self.self_heal, bool):
             raise SpecError("self_heal", self.self_heal, "expected true or false")
+        if not isinstance(self.dashboard, bool):
+            raise SpecError("dashboard", self.dashboard, "expected true or false")
 
     def _normalize_workers(self, put: Any) -> None:
         workers, low, high = self.workers, self.min_workers, self.max_workers
@@ -406,6 +412,7 @@ def spec_to_proto(spec: ClusterSpec) -> Any:
         head_gpus=spec.head_gpus,
         start_timeout_s=spec.start_timeout_s,
         self_heal=spec.self_heal,
+        dashboard=spec.dashboard,
     )
     for name in _OPTIONAL_INTS:
         value = getattr(spec, name)
@@ -441,4 +448,5 @@ def spec_from_proto(msg: Any) -> ClusterSpec:
         fields["start_timeout_s"] = msg.start_timeout_s
     if msg.HasField("self_heal"):
         fields["self_heal"] = msg.self_heal
+    fields["dashboard"] = msg.dashboard
     return ClusterSpec(**fields)

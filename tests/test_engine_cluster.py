@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_two_workers_run_tasks_and_leave_nothing(spark, no_leftover_ray) -> None:
-    with raydist.up(spark, name="two", workers=2, cpus_per_worker=1) as cluster:
+    with raydist.up(spark, name="two", workers=2, cpus_per_worker=1, dashboard=True) as cluster:
         status = cluster.status()
         assert status.state == State.RUNNING
         assert (status.ready_workers, status.desired_workers) == (2, 2)

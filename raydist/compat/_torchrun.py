@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
-from collections.abc import Sequence
 
 
 def as_torchrun_worker() -> dict[str, str]:
@@ -46,10 +43,3 @@ def as_torchrun_worker() -> dict[str, str]:
     }
     os.environ.update(env)
     return env
-
-
-def run_script(path: str, args: Sequence[str]) -> int:
-    """Run a training script with this worker's torchrun environment,
-    streaming its output; returns its exit code."""
-    proc = subprocess.run([sys.executable, path, *args], env=dict(os.environ), check=False)
-    return proc.returncode

@@ -4,81 +4,48 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from raydist.compat._torchrun import run_script
-from raydist.compat.torch_distributor import TorchDistributor, _function_worker
-from raydist.errors import ClusterFailedError, TrainingConfigError
+from raydist.compat._jobs import DEEPSPEED_CONFIG_ENV, with_deepspeed_args
+from raydist.compat.torch_distributor import TorchDistributor
+from raydist.errors import TrainingConfigError
 from raydist.train.deepspeed import load_deepspeed_config
 
 __all__ = ["DeepspeedTorchDistributor", "deepspeed_config"]
 
-_CONFIG_ENV = "RAYDIST_DEEPSPEED_CONFIG"
-
 
 def deepspeed_config() -> dict[str, Any] | None:
     """Inside a training function run by :class:`DeepspeedTorchDistributor`:
-    the DeepSpeed config given to the distributor (None if there was none)."""
-    text = os.environ.get(_CONFIG_ENV)
+    the DeepSpeed config given to the distributor (None if there was none).
+    A convenience: Spark's way, ``--deepspeed_config`` in ``sys.argv``, works
+    too."""
+    text = os.environ.get(DEEPSPEED_CONFIG_ENV)
     return json.loads(text) if text else None
-
-
-def _with_config(fn: Callable[[], Any], config: dict[str, Any] | None) -> Callable[[], Any]:
-    def run() -> Any:
-        if config is not None:
-            os.environ[_CONFIG_ENV] = json.dumps(config)
-        os.environ.setdefault("DS_ACCELERATOR", "cpu" if not _has_cuda() else "cuda")
-        return fn()
-
-    return run
-
-
-def _script_with_config(path: str, args: tuple[Any, ...], config: dict[str, Any] | None) -> Callable[[], None]:
-    def run() -> None:
-        extra: list[str] = []
-        with tempfile.TemporaryDirectory(prefix="raydist-ds-") as tmp:
-            if config is not None:
-                conf_path = os.path.join(tmp, "deepspeed_config.json")
-                with open(conf_path, "w") as f:
-                    json.dump(config, f)
-                # The flags Spark's distributor passes; the file is removed afterwards.
-                extra = ["--deepspeed", "--deepspeed_config", conf_path]
-            code = run_script(path, [str(a) for a in args] + extra)
-        if code != 0:
-            raise ClusterFailedError(f"training script {path} exited with code {code}")
-
-    return run
-
-
-def _has_cuda() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except ImportError:
-        return False
 
 
 class DeepspeedTorchDistributor(TorchDistributor):
     """[Experimental] Drop-in for
     ``pyspark.ml.deepspeed.deepspeed_distributor.DeepspeedTorchDistributor``.
 
-    Runs ``numGpus * nnodes`` Ray Train workers. Unlike Spark's class, the
-    DeepSpeed config reaches a training *function* too:
-    :func:`raydist.compat.deepspeed_config` returns it inside the function. A
-    training *script* gets ``--deepspeed --deepspeed_config <file>`` as with
-    Spark, and the file is removed when the script ends.
+    Runs ``numGpus * nnodes`` processes. As under Spark, every process, for
+    a training function as for a script, sees ``--deepspeed
+    --deepspeed_config <file>`` at the end of ``sys.argv`` (``--deepspeed``
+    alone without a config), so code that calls
+    ``deepspeed.add_config_arguments(parser)`` and
+    ``deepspeed.initialize(args=args, ...)`` runs unchanged. The file holds
+    the config given and is removed when the process's job ends.
 
-    Mapping of arguments to Ray:
+    Mapping of arguments:
         numGpus: processes per node (GPUs per node when ``useGpu``).
-        nnodes: nodes; ``numGpus * nnodes`` workers in all.
-        localMode: accepted; workers always run on the cluster's Ray nodes.
-        useGpu: one GPU per worker (CUDA and NCCL), else CPU and gloo.
+        nnodes: nodes; ``numGpus * nnodes`` processes in all.
+        localMode: as for :class:`TorchDistributor`: True runs the processes
+            on this machine, False on Ray Train workers.
+        useGpu: one GPU per process (CUDA and NCCL), else CPU and gloo
+            (``DS_ACCELERATOR`` is set accordingly unless already set).
         deepspeedConfig: a dict or a JSON file path.
 
-    Every run gets fresh worker processes: DeepSpeed keeps process-wide
+    Runs on Ray get fresh worker processes: DeepSpeed keeps process-wide
     state (its communication backend, accelerator) that a later run in the
     same process would inherit.
     """
@@ -111,10 +78,9 @@ class DeepspeedTorchDistributor(TorchDistributor):
         self.deepspeed_config = None if deepspeedConfig is None else load_deepspeed_config(deepspeedConfig)
 
     def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(train_object, str):
-            if not os.path.isfile(train_object):
-                raise TrainingConfigError("train_object", train_object, "no such training script")
-            return self._fit(_script_with_config(os.path.abspath(train_object), args, self.deepspeed_config))
-        if not callable(train_object):
-            raise TrainingConfigError("train_object", train_object, "expected a function or a script path")
-        return self._fit(_with_config(_function_worker(train_object, args, kwargs), self.deepspeed_config))
+        if isinstance(train_object, str) and kwargs:
+            raise TrainingConfigError(
+                "kwargs", sorted(kwargs), "a script takes positional command-line arguments only, as in pyspark"
+            )
+        job = self._job(train_object, args, kwargs)
+        return self._fit(with_deepspeed_args(job, self.deepspeed_config, self.use_gpu))

@@ -6,62 +6,51 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from raydist.compat._torchrun import as_torchrun_worker, run_script
-from raydist.errors import ClusterFailedError, TrainingConfigError
-from raydist.train.resident import DEFAULT_KEEP_ALIVE_S
+from raydist.compat._jobs import ArgvJob, function_job, plain, script_job
+from raydist.errors import TrainingConfigError
+from raydist.train.session import DEFAULT_KEEP_WARM_S
 
 __all__ = ["TorchDistributor"]
-
-
-def _function_worker(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[], Any]:
-    def run() -> Any:
-        return fn(*args, **kwargs)
-
-    return run
-
-
-def _script_worker(path: str, args: tuple[Any, ...]) -> Callable[[], None]:
-    """Run a training script as torchrun would; the environment is already set."""
-
-    def run() -> None:
-        code = run_script(path, [str(a) for a in args])
-        if code != 0:
-            raise ClusterFailedError(f"training script {path} exited with code {code}")
-
-    return run
 
 
 class TorchDistributor:
     """[Experimental] Drop-in for ``pyspark.ml.torch.distributor.TorchDistributor``.
 
     ``run(train_object, *args, **kwargs)`` runs ``train_object`` (a function
-    or a script path) on ``num_processes`` Ray Train workers, each set up as
-    ``torchrun`` would (so code that calls ``init_process_group`` itself
-    works), and returns rank 0's return value (None for a script), as Spark's
-    does.
+    or a script path) in ``num_processes`` processes, each set up as
+    ``torchrun`` would (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``... so code
+    that calls ``init_process_group`` itself works, and ``sys.argv`` as Spark
+    sets it), and returns rank 0's return value (None for a script), as
+    Spark's does. A failed script raises a RuntimeError, as Spark's does; a
+    function's error is raised as itself, with the rank and the worker's
+    traceback as a note.
 
-    Mapping of arguments to Ray:
-        num_processes: the number of Ray Train workers.
-        local_mode: Spark runs ``local_mode=True`` on the driver. Here workers
-            always run on the cluster's Ray nodes; ``local_mode=True`` is
-            accepted and means the same processes count.
-        use_gpu: one GPU per worker; an error before training if the cluster
-            has too few.
+    Where the processes run:
+        local_mode=True (Spark's default): on this machine, as Spark runs
+            them on the driver, but forked from one warm process that has
+            imported torch (:mod:`raydist.train.local`) instead of started
+            by torchrun: no Ray cluster at all, and a later run starts in a
+            fraction of a second.
+        local_mode=False: on Ray Train workers of a raydist cluster:
+            ``cluster`` if given, else the Ray cluster this process is
+            connected to, ``RAY_ADDRESS``, else the session cluster on the
+            active SparkSession, started on first use and kept warm
+            (:mod:`raydist.train.session`). CPU runs keep their Ray Train
+            workers warm too (:mod:`raydist.train.resident`): the next run
+            forks each worker instead of starting new processes.
 
     Besides Spark's arguments:
-        cluster: the raydist cluster (a handle or name); without it,
-            ``RAY_ADDRESS`` or an embedded cluster for this run only.
-        max_failures: how many lost workers a run survives; the workers are
-            replaced and the function starts again (Spark fails the run).
-        keep_warm_s: the workers stay up this long after a run, and the next
-            run with the same settings forks each worker's process for the
-            function instead of starting new processes that import torch
-            again (see :mod:`raydist.train.resident`). ``0`` starts a new
-            Ray Train run every time. GPU runs and runs on an embedded
-            cluster always start a new run.
+        cluster: the raydist cluster (a handle or name) for local_mode=False.
+        max_failures: how many lost workers a run on Ray survives; the
+            workers are replaced and the function starts again (Spark fails
+            the run).
+        keep_warm_s: how long the warm processes (and the session cluster
+            under them) stay up after a run. ``0`` starts new processes for
+            every run. GPU runs on Ray always start a new Ray Train run (a
+            CUDA context does not survive a fork).
     """
 
-    #: Whether runs may reuse warm workers at all (DeepSpeed's may not).
+    #: Whether runs on Ray may reuse warm workers at all (DeepSpeed's may not).
     _warm_capable = True
 
     def __init__(
@@ -72,7 +61,7 @@ class TorchDistributor:
         *,
         cluster: Any = None,
         max_failures: int = 0,
-        keep_warm_s: float = DEFAULT_KEEP_ALIVE_S,
+        keep_warm_s: float = DEFAULT_KEEP_WARM_S,
     ) -> None:
         if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
             raise TrainingConfigError("num_processes", num_processes, "expected a whole number of at least 1")
@@ -88,9 +77,13 @@ class TorchDistributor:
         self.keep_warm_s = float(keep_warm_s)
         self.last_result: Any = None
         """Ray Train's Result of the last run that had a Ray Train run of its
-        own (``keep_warm_s=0``); None for a run on warm workers."""
+        own; None for a local run or a run on warm workers."""
 
     def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
+        return self._fit(plain(self._job(train_object, args, kwargs)))
+
+    def _job(self, train_object: Callable[..., Any] | str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ArgvJob:
+        """Check ``run``'s input; the job each process runs."""
         if isinstance(train_object, str):
             if not os.path.isfile(train_object):
                 raise TrainingConfigError("train_object", train_object, "no such training script")
@@ -98,29 +91,34 @@ class TorchDistributor:
                 raise TrainingConfigError(
                     "kwargs", sorted(kwargs), "a script takes positional command-line arguments only, as in pyspark"
                 )
-            fn: Callable[..., Any] = _script_worker(os.path.abspath(train_object), args)
-        elif callable(train_object):
-            fn = _function_worker(train_object, args, kwargs)
-        else:
-            raise TrainingConfigError("train_object", train_object, "expected a function or a script path")
-        return self._fit(fn)
+            return script_job(os.path.abspath(train_object), args)
+        if callable(train_object):
+            return function_job(train_object, args, kwargs)
+        raise TrainingConfigError("train_object", train_object, "expected a function or a script path")
 
     def _fit(self, job: Callable[[], Any]) -> Any:
-        """Run ``job()`` on every worker with torchrun's environment set;
+        """Run ``job()`` in every process with torchrun's environment set;
         rank 0's return value."""
-        from raydist.train._connect import starts_embedded
+        from raydist.train.session import training_session
 
-        if self._warm_capable and self.keep_warm_s > 0 and not self.use_gpu and not starts_embedded(self.cluster):
-            return self._fit_warm(job)
+        session = training_session()
+        self.last_result = None
+        if self.local_mode:
+            local = session.local_run(self.keep_warm_s)
+            try:
+                return local.run(job, self.num_processes)
+            finally:
+                if self.keep_warm_s == 0:
+                    local.close()
+        if self._warm_capable and self.keep_warm_s > 0 and not self.use_gpu:
+            return self._fit_warm(session, job)
         return self._fit_fresh(job)
 
-    def _fit_warm(self, job: Callable[[], Any]) -> Any:
-        from raydist.train._connect import connected
-        from raydist.train.resident import resident_run
-
-        self.last_result = None
-        with connected(self.cluster, workers=self.num_processes, cpus_per_worker=1, use_gpu=self.use_gpu):
-            run = resident_run(
+    def _fit_warm(self, session: Any, job: Callable[[], Any]) -> Any:
+        with session.connected(
+            self.cluster, workers=self.num_processes, cpus_per_worker=1, use_gpu=False, keep_warm_s=self.keep_warm_s
+        ):
+            run = session.warm_run(
                 workers=self.num_processes,
                 resources_per_worker={"CPU": 1},
                 max_failures=self.max_failures,
@@ -131,6 +129,7 @@ class TorchDistributor:
     def _fit_fresh(self, job: Callable[[], Any]) -> Any:
         from ray.train import FailureConfig, RunConfig
 
+        from raydist.compat._torchrun import as_torchrun_worker
         from raydist.train.resident import TORCHRUN_PRIORITY_ENV
         from raydist.train.torch import TorchTrainer
 
@@ -148,6 +147,7 @@ class TorchDistributor:
             failure_config=FailureConfig(max_failures=self.max_failures),
             run_config=RunConfig(worker_runtime_env=TORCHRUN_PRIORITY_ENV),
             cluster=self.cluster,
+            keep_warm_s=self.keep_warm_s,
         )
         try:
             return trainer.run()

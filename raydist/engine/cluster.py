@@ -66,7 +66,8 @@ class RayCluster:
         spec: the desired cluster.
         address: the GCS address (``host:port``) for ``ray.init``.
         client_address: the Ray Client address (``ray://host:port``).
-        dashboard_url: the Ray dashboard (also the Ray Jobs API).
+        dashboard_url: the Ray dashboard (also the Ray Jobs API); empty
+            unless the spec asks for a dashboard.
     """
 
     def __init__(
@@ -105,6 +106,8 @@ class RayCluster:
         self.client_address = ""
         self.dashboard_url = ""
         self._temp_root = os.path.join("/tmp", f"raydist-{self._uid}")
+        self._exported_address: str | None = None
+        self._address_before: str | None = None
 
     # ------------------------------------------------------------------ API
 
@@ -121,10 +124,42 @@ class RayCluster:
     def state(self) -> State:
         return self._state
 
+    @property
+    def spark(self) -> SparkSession:
+        """The SparkSession whose executors host the worker nodes."""
+        return self._spark
+
+    @property
+    def job_group(self) -> str:
+        """The Spark job group of the cluster's worker jobs."""
+        return self._group
+
     def env(self) -> dict[str, str]:
         """Environment for a subprocess that should use this cluster
         (``RAY_ADDRESS`` and the auth token)."""
         return {"RAY_ADDRESS": self.address, **self._token.env()}
+
+    def export_env(self) -> None:
+        """Make this cluster this process's default Ray cluster, as
+        ``ray.util.spark.setup_ray_cluster`` does: ``RAY_ADDRESS`` and the
+        token go into ``os.environ``, so ``ray.init()``, ``ray.init(address)``,
+        ``ray.init(client_address)`` and subprocesses started later all reach
+        it with no other call. ``down()`` puts back the ``RAY_ADDRESS`` that
+        was there before."""
+        activate_in_process(self._token)
+        if self._exported_address is None:
+            self._address_before = os.environ.get("RAY_ADDRESS")
+        os.environ["RAY_ADDRESS"] = self._exported_address = self.address
+
+    def _unexport_env(self) -> None:
+        if self._exported_address is None:
+            return
+        if os.environ.get("RAY_ADDRESS") == self._exported_address:
+            if self._address_before is None:
+                os.environ.pop("RAY_ADDRESS", None)
+            else:
+                os.environ["RAY_ADDRESS"] = self._address_before
+        self._exported_address = None
 
     def connect(self, **init_kwargs: Any) -> Any:
         """``ray.init`` against this cluster from this process."""
@@ -224,6 +259,7 @@ class RayCluster:
                 return
             failed = self._state == State.FAILED
         self._disconnect_this_process()
+        self._unexport_env()
         with self._lock:
             self._stopping.set()
             if not failed:
@@ -294,7 +330,7 @@ class RayCluster:
                  for name in HEAD_PORTS}
         self.address = f"{head_ip}:{ports['gcs']}"
         self.client_address = f"ray://{head_ip}:{ports['client']}"
-        self.dashboard_url = f"http://{head_ip}:{ports['dashboard']}"
+        self.dashboard_url = f"http://{head_ip}:{ports['dashboard']}" if spec.dashboard else ""
         self._channel = NodeChannel(head_ip, self._link_secret, self._on_link)
 
         per_exec = max(1, cap.cores_per_executor // max(cpus, 1))
@@ -322,6 +358,7 @@ class RayCluster:
             head_ports=ports,
             temp_dir=self._temp_root,
             node_ip=head_ip,
+            dashboard=spec.dashboard,
             **common,
         )
         self._record(f"starting head at {self.address}")

@@ -54,6 +54,7 @@ class NodePlan:
     temp_dir: str = ""
     node_ip: str = ""
     deadline_s: float = 180.0
+    dashboard: bool = False
 
     def __repr__(self) -> str:
         return f"NodePlan(cluster={self.cluster!r}, key={self.key!r}, head={self.head})"
@@ -113,7 +114,7 @@ def node_argv(plan: NodePlan, *, cpus: int, gpus: int, memory: int, object_store
             f"--dashboard-port={ports['dashboard']}",
             f"--ray-client-server-port={ports['client']}",
             f"--dashboard-host={node_ip}",
-            "--include-dashboard=true",
+            f"--include-dashboard={'true' if plan.dashboard else 'false'}",
         ]
     else:
         argv.append(f"--address={plan.gcs_address}")

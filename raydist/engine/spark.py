@@ -26,7 +26,10 @@ from raydist.spec import ClusterSpec, parse_size
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["embedded_session", "SparkCapacity", "capacity", "check_fits", "resource_profile"]
+__all__ = [
+    "embedded_session", "active_session", "is_stopped", "waiting_tasks", "SparkCapacity", "capacity", "check_fits",
+    "resource_profile",
+]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,46 @@ def embedded_session(master: str | None = None, conf: Mapping[str, str] | None =
     for key, value in {**defaults, **(conf or {})}.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def active_session() -> SparkSession | None:
+    """The SparkSession this process's code is using, if it has one that runs.
+    Looks only when pyspark is loaded: it never starts a JVM."""
+    if "pyspark.sql" not in sys.modules:
+        return None
+    from pyspark.sql import SparkSession
+
+    try:
+        session = SparkSession.getActiveSession()
+    except Exception:  # noqa: BLE001 - a context being stopped right now
+        session = None
+    session = session or SparkSession._instantiatedSession
+    if session is None or is_stopped(session):
+        return None
+    return session
+
+
+def is_stopped(spark: SparkSession) -> bool:
+    """Whether ``spark.stop()`` has run (no JVM round trip)."""
+    return spark.sparkContext._jsc is None
+
+
+def waiting_tasks(spark: SparkSession, ignore_groups: frozenset[str] = frozenset()) -> int:
+    """Tasks of running Spark jobs (other than those of ``ignore_groups``)
+    that wait for a task slot, from Spark's status tracker."""
+    tracker = spark.sparkContext.statusTracker()
+    ignored = {job for group in ignore_groups for job in tracker.getJobIdsForGroup(group)}
+    theirs: set[int] = set()
+    for job_id in tracker.getActiveJobsIds():
+        job = None if job_id in ignored else tracker.getJobInfo(job_id)
+        if job is not None:
+            theirs.update(job.stageIds)
+    waiting = 0
+    for stage_id in tracker.getActiveStageIds():
+        stage = tracker.getStageInfo(stage_id) if stage_id in theirs else None
+        if stage is not None:
+            waiting += max(0, stage.numTasks - stage.numActiveTasks - stage.numCompletedTasks)
+    return waiting
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,34 @@ from typing import Any
 
 from raydist.errors import TrainingConfigError
 
-__all__ = ["Facade"]
+__all__ = ["Facade", "fit_ready"]
+
+
+def fit_ready(trainer: Any) -> Any:
+    """Adapt a Ray Train trainer to the cluster this process is connected to,
+    just before ``fit``; returns it.
+
+    Ray Train V2 starts a helper actor (PlacementGroupCleaner) that asks
+    Ray's State API every second whether the run's controller is alive. The
+    State API is served by the dashboard, which raydist's clusters run only
+    on request (``ClusterSpec.dashboard``); without it the helper can do
+    nothing but log a warning to the driver each second. It is left out
+    there: the run's placement group still goes with its controller.
+    """
+    import ray._private.worker as ray_worker
+
+    node = getattr(ray_worker, "_global_node", None)
+    if node is None or getattr(node, "webui_url", None):
+        return trainer  # a Ray Client connection, or a cluster with a dashboard
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+    make = trainer._create_default_callbacks
+
+    def callbacks() -> list[Any]:
+        return [c for c in make() if not isinstance(c, PlacementGroupCleanerCallback)]
+
+    trainer._create_default_callbacks = callbacks
+    return trainer
 
 
 class Facade:
@@ -27,6 +54,7 @@ class Facade:
         failure_config: Any = None,
         checkpoint_config: Any = None,
         cluster: Any = None,
+        keep_warm_s: float | None = None,
         **trainer_kwargs: Any,
     ) -> None:
         if not callable(train_fn):
@@ -46,6 +74,7 @@ class Facade:
         self.failure_config = failure_config
         self.checkpoint_config = checkpoint_config
         self.cluster = cluster
+        self.keep_warm_s = keep_warm_s
         self.trainer_kwargs = trainer_kwargs
         self.trainer: Any = None
         """The Ray Train trainer of the last ``fit`` (built lazily)."""
@@ -112,10 +141,12 @@ class Facade:
     def fit(self) -> Any:
         """Train on the cluster; returns Ray Train's ``Result``
         (``.metrics``, ``.checkpoint``, ``.return_value`` of rank 0)."""
-        from raydist.train._connect import connected
-        from raydist.train.resident import release_resident_runs
+        from raydist.train.session import training_session
 
-        release_resident_runs()  # warm workers of this process would hold the CPUs this fit needs
+        session = training_session()
+        session.release_warm()  # warm workers of this process would hold the CPUs this fit needs
         cpus = int(self.resources_per_worker.get("CPU", 1) or 0)
-        with connected(self.cluster, workers=self.workers, cpus_per_worker=cpus, use_gpu=self.use_gpu):
-            return self.build().fit()
+        with session.connected(
+            self.cluster, workers=self.workers, cpus_per_worker=cpus, use_gpu=self.use_gpu, keep_warm_s=self.keep_warm_s
+        ):
+            return fit_ready(self.build()).fit()

@@ -1,9 +1,13 @@
-"""Run one job in a child forked from a warm worker process.
+"""Run a job in children forked from a warm process.
 
-The child starts with everything the worker imported (torch, the job's
+A child starts with everything its parent imported (torch, the job's
 modules) and nothing a previous job left behind, as a fresh process would.
 It ends with ``os._exit``: no interpreter teardown. The child dies with the
-worker that forked it.
+process that forked it.
+
+Two parents use this: a warm Ray Train worker (one child per job, see
+:mod:`raydist.train.resident`) and the driver's local runner (one child per
+rank, see :mod:`raydist.train.local`).
 
 A torch deadlock the child steps around: a DDP model freed after
 ``destroy_process_group()`` (as when a training function returns) frees the
@@ -20,41 +24,86 @@ import os
 import select
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-#: Outcome kinds of :func:`run_forked`.
+#: Outcome kinds of :func:`run_forked` and :func:`run_ranks`.
 OK, ERROR, LOST, CANCELLED = "ok", "error", "lost", "cancelled"
 
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when the process that forked
+    (or spawned) it dies."""
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:  # not Linux: the worker's own cleanup still kills the child
+    except OSError:  # not Linux: the parent's own cleanup still kills the child
         pass
 
 
-def run_forked(
-    job: Callable[[], Any],
-    env: dict[str, str],
-    *,
-    still_wanted: Callable[[], bool],
-    poll_s: float = 1.0,
-) -> tuple[str, Any]:
-    """Run ``job()`` in a forked child with ``env`` added to its environment.
+@dataclass
+class Child:
+    """A forked child running one job; its outcome arrives on ``fd``."""
 
-    Returns (OK, pickled return value), (ERROR, pickled (error, traceback
-    text)), (LOST, how the child ended) when it died without an outcome, or
-    (CANCELLED, None) when ``still_wanted()`` turned false while it ran (the
-    child is killed then).
-    """
+    pid: int
+    fd: int
+    chunks: list[bytes] = field(default_factory=list)
+    done: bool = False
+
+    def read(self) -> bool:
+        """Read what is ready; True once the child closed its end."""
+        chunk = os.read(self.fd, 1 << 20)
+        if chunk:
+            self.chunks.append(chunk)
+            return False
+        os.close(self.fd)
+        self.done = True
+        return True
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if not self.done:
+            os.close(self.fd)
+            self.done = True
+        os.waitpid(self.pid, 0)
+
+    def outcome(self, pickler: Any = None) -> tuple[str, Any, list[str]]:
+        """(kind, payload, modules the child imported) once it has ended."""
+        _, status = os.waitpid(self.pid, 0)
+        if not self.chunks:
+            if os.WIFSIGNALED(status):
+                how = f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
+            else:
+                how = f"exited with code {os.waitstatus_to_exitcode(status)}"
+            return (LOST, how, [])
+        (kind, payload), imported = (pickler or default_pickler()).loads(b"".join(self.chunks))
+        return (kind, payload, imported)
+
+
+def default_pickler() -> Any:
+    """Ray's cloudpickle: what a Ray worker already has loaded."""
     from ray import cloudpickle
 
-    before = set(sys.modules)
+    return cloudpickle
+
+
+def fork_job(
+    job: Callable[[], Any], env: dict[str, str], *, before: set[str] | None = None, pickler: Any = None
+) -> Child:
+    """Fork a child that runs ``job()`` with ``env`` added to its environment
+    and sends back its outcome: (OK, pickled value) or (ERROR, pickled
+    (error, traceback text)), pickled with ``pickler`` (a cloudpickle module;
+    Ray's by default)."""
+    cloudpickle = pickler or default_pickler()
+
+    known = set(sys.modules) if before is None else before
     read_fd, write_fd = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -63,14 +112,14 @@ def run_forked(
         code = 0
         try:
             os.close(read_fd)
-            _die_with_parent()
+            die_with_parent()
             keep_destroyed_groups()
             os.environ.update(env)
             try:
                 outcome: tuple[str, bytes] = (OK, cloudpickle.dumps(job()))
             except BaseException as e:  # noqa: BLE001 - the job's error goes back to the parent
-                outcome = (ERROR, pickle_error(e))
-            data = cloudpickle.dumps((outcome, sorted(set(sys.modules) - before)))
+                outcome = (ERROR, pickle_error(e, cloudpickle))
+            data = cloudpickle.dumps((outcome, sorted(set(sys.modules) - known)))
             with os.fdopen(write_fd, "wb") as out:
                 out.write(data)
         except BaseException:  # noqa: BLE001 - nothing may escape a forked child
@@ -80,36 +129,68 @@ def run_forked(
             sys.stderr.flush()
             os._exit(code)
     os.close(write_fd)
-    chunks: list[bytes] = []
-    try:
-        while True:
-            ready, _, _ = select.select([read_fd], [], [], poll_s)
-            if not ready:
-                if not still_wanted():
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                    return (CANCELLED, None)
-                continue
-            chunk = os.read(read_fd, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(read_fd)
-    _, status = os.waitpid(pid, 0)
-    if not chunks:
-        if os.WIFSIGNALED(status):
-            how = f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
-        else:
-            how = f"exited with code {os.waitstatus_to_exitcode(status)}"
-        return (LOST, how)
-    (kind, payload), imported = cloudpickle.loads(b"".join(chunks))
-    _learn_imports(imported)
+    return Child(pid, read_fd)
+
+
+def run_forked(
+    job: Callable[[], Any],
+    env: dict[str, str],
+    *,
+    still_wanted: Callable[[], bool],
+    poll_s: float = 1.0,
+) -> tuple[str, Any]:
+    """Run ``job()`` in one forked child.
+
+    Returns (OK, pickled return value), (ERROR, pickled (error, traceback
+    text)), (LOST, how the child ended) when it died without an outcome, or
+    (CANCELLED, None) when ``still_wanted()`` turned false while it ran (the
+    child is killed then).
+    """
+    child = fork_job(job, env)
+    while not child.done:
+        ready, _, _ = select.select([child.fd], [], [], poll_s)
+        if ready:
+            child.read()
+        elif not still_wanted():
+            child.kill()
+            return (CANCELLED, None)
+    kind, payload, imported = child.outcome()
+    learn_imports(imported)
     return (kind, payload)
 
 
-def _learn_imports(names: list[str]) -> None:
-    """Import here what the child imported lazily (torch loads ``torch._dynamo``
+def run_ranks(jobs: Sequence[Callable[[], Any]], *, pickler: Any = None) -> list[tuple[str, Any]]:
+    """Run each job (one per rank) in a forked child of its own, all at once.
+    The first child that fails (an error, or death without an outcome) has
+    the others killed: they would wait for it forever in a collective.
+    Returns each rank's (kind, payload); killed ranks say CANCELLED."""
+    before = set(sys.modules)
+    children = [fork_job(job, {}, before=before, pickler=pickler) for job in jobs]
+    outcomes: list[tuple[str, Any] | None] = [None] * len(children)
+    imported: set[str] = set()
+    try:
+        while any(not c.done for c in children):
+            ready, _, _ = select.select([c.fd for c in children if not c.done], [], [])
+            for rank, child in enumerate(children):
+                if child.fd in ready and not child.done and child.read():
+                    kind, payload, names = child.outcome(pickler)
+                    outcomes[rank] = (kind, payload)
+                    imported.update(names)
+                    if kind != OK:
+                        for other in children:
+                            if not other.done:
+                                other.kill()
+    except BaseException:
+        for child in children:
+            if not child.done:
+                child.kill()
+        raise
+    learn_imports(sorted(imported))
+    return [o if o is not None else (CANCELLED, None) for o in outcomes]
+
+
+def learn_imports(names: Sequence[str]) -> None:
+    """Import here what a child imported lazily (torch loads ``torch._dynamo``
     inside ``DistributedDataParallel()``, seconds of work), so the next child
     starts with it. Only submodules of packages this process already has:
     nothing new runs here at top level."""
@@ -123,37 +204,40 @@ def _learn_imports(names: list[str]) -> None:
                 continue
 
 
-_kept_groups: list[Any] = []
-
-
 def keep_destroyed_groups() -> None:
     """Make ``destroy_process_group`` keep the groups it destroys referenced
     until this process ends (see the module's docstring). For processes that
-    end after the job: a forked child, or a Ray Train worker of a fresh run."""
+    end after the job: a forked child, or a Ray Train worker of a fresh run.
+    The kept groups live on the replacement function itself, so they last
+    exactly as long as this process uses it."""
     dist = sys.modules.get("torch.distributed")
     if dist is None:
         return
     c10d = dist.distributed_c10d
     original = c10d.destroy_process_group
+    if getattr(original, "kept_groups", None) is not None:
+        return  # already in place (a child of a worker that set it up)
+    kept: list[Any] = []
 
     def destroy_process_group(group: Any = None) -> None:
         world = getattr(c10d, "_world", None)
         if group is None or group is dist.group.WORLD:
-            _kept_groups.extend(list(getattr(world, "pg_map", {}) or []) or [dist.group.WORLD])
+            kept.extend(list(getattr(world, "pg_map", {}) or []) or [dist.group.WORLD])
         else:
-            _kept_groups.append(group)
+            kept.append(group)
         original(group)
 
+    destroy_process_group.kept_groups = kept  # type: ignore[attr-defined]
     c10d.destroy_process_group = destroy_process_group
     dist.destroy_process_group = destroy_process_group
 
 
-def pickle_error(error: BaseException) -> bytes:
+def pickle_error(error: BaseException, pickler: Any = None) -> bytes:
     """The error and its traceback text, pickled; an error that cannot be
     pickled travels as a RuntimeError with its type and message."""
     import traceback
 
-    from ray import cloudpickle
+    cloudpickle = pickler or default_pickler()
 
     text = "".join(traceback.format_exception(error))
     try:

@@ -25,7 +25,6 @@ counts as a lost worker.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 import uuid
@@ -34,20 +33,19 @@ from typing import Any
 
 from raydist.errors import ClusterFailedError
 
-__all__ = ["ResidentRun", "resident_run", "release_resident_runs"]
+__all__ = ["ResidentRun", "TORCHRUN_PRIORITY_ENV"]
 
 log = logging.getLogger(__name__)
 
-#: How long a resident run's workers wait for the next job before they end.
-DEFAULT_KEEP_ALIVE_S = 120.0
 _POLL_S = 2.0
-_HEALTH_CHECK_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 
 #: Ray starts workers at nice 15; torchrun (and so Spark's distributor) trains
 #: at the executor's own priority. At 15 the training loses CPU to every other
 #: process on the host. The runtime env of workers that train like torchrun.
 TORCHRUN_PRIORITY_ENV = {"env_vars": {"RAY_worker_niceness": "0"}}
-_IDLE_HEALTH_CHECK_S = "2"
+#: Jobs do not call ray.train.report, so the controller need not poll its
+#: idle workers often (raydist's facades poll at 0.2 s).
+_IDLE_HEALTH_CHECK = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "2"}
 
 
 def _serve(config: dict[str, Any]) -> None:
@@ -136,7 +134,7 @@ class ResidentRun:
         workers: int,
         resources_per_worker: Mapping[str, float] | None = None,
         max_failures: int = 0,
-        keep_alive_s: float = DEFAULT_KEEP_ALIVE_S,
+        keep_alive_s: float,
     ) -> None:
         self.workers = workers
         self.resources_per_worker = dict(resources_per_worker or {"CPU": 1})
@@ -157,17 +155,18 @@ class ResidentRun:
         """Start the Ray Train run in a background thread; returns once its
         workers are up (or the run ended, or ``timeout_s`` passed: then the
         first ``run`` reports what happened)."""
-        import os
         import time
 
         import ray
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
 
+        from raydist.train._base import fit_ready
         from raydist.train._board import board_actor
+        from raydist.train._env import scoped_env
 
         self._board = board_actor(self.keep_alive_s)
-        trainer = TorchTrainer(
+        trainer = fit_ready(TorchTrainer(
             _serve,
             train_loop_config={"board": self._board},
             scaling_config=ScalingConfig(
@@ -178,13 +177,9 @@ class ResidentRun:
                 failure_config=FailureConfig(max_failures=self.max_failures),
                 worker_runtime_env=TORCHRUN_PRIORITY_ENV,
             ),
-        )
-        # Jobs do not call ray.train.report, so the controller need not poll
-        # its idle workers often (raydist's facades poll at 0.2 s); Ray Train
-        # reads this when the run's controller starts.
-        saved = os.environ.get(_HEALTH_CHECK_ENV)
-        os.environ[_HEALTH_CHECK_ENV] = _IDLE_HEALTH_CHECK_S
-        try:
+        ))
+        # Ray Train reads this when the run's controller starts.
+        with scoped_env(_IDLE_HEALTH_CHECK):
             self._thread = threading.Thread(target=self._fit, args=(trainer,), name="raydist-resident", daemon=True)
             self._thread.start()
             deadline = time.monotonic() + timeout_s
@@ -192,11 +187,6 @@ class ResidentRun:
                 if ray.get(self._board.ready.remote()):
                     break
                 time.sleep(0.2)
-        finally:
-            if saved is None:
-                os.environ.pop(_HEALTH_CHECK_ENV, None)
-            else:
-                os.environ[_HEALTH_CHECK_ENV] = saved
 
     def _fit(self, trainer: Any) -> None:
         try:
@@ -258,54 +248,3 @@ class ResidentRun:
                 ray.kill(board)
             except Exception:  # noqa: BLE001
                 pass
-
-
-_current: tuple[tuple[Any, ...], ResidentRun] | None = None
-_registry_lock = threading.Lock()
-
-
-def resident_run(
-    *, workers: int, resources_per_worker: Mapping[str, float], max_failures: int, keep_alive_s: float
-) -> ResidentRun:
-    """This process's warm run for these settings on the connected cluster,
-    started if needed. One at a time: a run with other settings ends the
-    previous one first, since its workers hold the CPUs the new one needs."""
-    import ray
-
-    global _current
-    key = (
-        ray.get_runtime_context().gcs_address,
-        workers,
-        tuple(sorted(resources_per_worker.items())),
-        max_failures,
-        keep_alive_s,
-    )
-    with _registry_lock:
-        if _current is not None:
-            current_key, current = _current
-            if current_key == key and current.alive:
-                return current
-            current.close()
-            _current = None
-        run = ResidentRun(
-            workers=workers,
-            resources_per_worker=resources_per_worker,
-            max_failures=max_failures,
-            keep_alive_s=keep_alive_s,
-        )
-        run.start()
-        _current = (key, run)
-        return run
-
-
-def release_resident_runs() -> None:
-    """End this process's warm run, if any, so its workers' CPUs are free
-    (the facades call this before a fit of their own)."""
-    global _current
-    with _registry_lock:
-        if _current is not None:
-            _current[1].close()
-            _current = None
-
-
-atexit.register(release_resident_runs)

@@ -1,13 +1,16 @@
 """TensorFlow/Keras on a raydist cluster through Ray Train's ``TensorflowTrainer``.
 
-Keras 3 (the default ``tf.keras`` of TensorFlow 2.16+) crashes in ``model.fit``
-under ``MultiWorkerMirroredStrategy`` with ``ValueError: Attempt to convert a
-value (PerReplica:...) to a Tensor`` — a Keras bug that happens without Ray too
-(keras-team/keras#20585, ray-project/ray#47464). raydist's default is legacy
-Keras 2 (the ``tf-keras`` package, selected by ``TF_USE_LEGACY_KERAS=1`` in
-every training worker before TensorFlow loads), which runs stock
-``model.fit`` code under the strategy unchanged. Pass ``legacy_keras=False``
-to get Keras 3 anyway (custom training loops work there).
+Keras 3 (``import keras``, and the default ``tf.keras`` of TensorFlow 2.16+)
+crashes in ``model.fit`` under ``MultiWorkerMirroredStrategy`` with
+``ValueError: Attempt to convert a value (PerReplica:...) to a Tensor`` — a
+Keras bug that happens without Ray too (keras-team/keras#20585,
+ray-project/ray#47464). raydist's default is legacy Keras 2 (the
+``tf-keras`` package) under both names: ``TF_USE_LEGACY_KERAS=1`` in every
+training worker before TensorFlow loads gives it to ``tf.keras``, and
+:mod:`raydist.train._keras2` gives it to ``import keras``. Stock
+``model.fit`` code then runs under the strategy unchanged. Pass
+``legacy_keras=False`` to get Keras 3 anyway (custom training loops work
+there).
 """
 
 from __future__ import annotations
@@ -22,6 +25,22 @@ __all__ = ["TensorflowTrainer", "KERAS_ENV"]
 
 #: Environment of every TensorFlow training worker under the default.
 KERAS_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def _with_keras2(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with Keras 2 under both names; takes the config only if ``fn``
+    does (Ray Train calls a function without parameters without it)."""
+    import inspect
+
+    takes_config = bool(inspect.signature(fn).parameters)
+
+    def run(config: Any) -> Any:
+        from raydist.train._keras2 import use_keras2_everywhere
+
+        use_keras2_everywhere()
+        return fn(config) if takes_config else fn()
+
+    return run
 
 
 class TensorflowTrainer(Facade):
@@ -42,6 +61,9 @@ class TensorflowTrainer(Facade):
         from ray.train.tensorflow import TensorflowTrainer as RayTensorflowTrainer
 
         return RayTensorflowTrainer
+
+    def _worker_fn(self) -> Callable[..., Any]:
+        return _with_keras2(self.train_fn) if self.legacy_keras else self.train_fn
 
     def build_run_config(self) -> Any:
         run = super().build_run_config()

@@ -20,8 +20,12 @@ class TorchTrainer(Facade):
         use_gpu: one GPU per worker.
         resources_per_worker: Ray resources per worker (default one CPU).
         run_config / failure_config / checkpoint_config: Ray Train's own.
-        cluster: a raydist cluster handle or name; default ``RAY_ADDRESS``,
-            else an embedded cluster for the duration of ``fit``.
+        cluster: a raydist cluster handle or name; default: the Ray cluster
+            this process is connected to, ``RAY_ADDRESS``, else the session
+            cluster on the active SparkSession, kept warm between fits
+            (:mod:`raydist.train.session`).
+        keep_warm_s: how long a session cluster stays up after this fit
+            (default 120 s; 0 tears it down at once).
         **trainer_kwargs: passed to ``ray.train.torch.TorchTrainer``
             (``datasets``, ``torch_config``...).
 

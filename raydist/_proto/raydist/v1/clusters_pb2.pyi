@@ -29,7 +29,7 @@ DELETED: State
 FAILED: State
 
 class ClusterSpec(_message.Message):
-    __slots__ = ("name", "workers", "min_workers", "max_workers", "cpus_per_worker", "gpus_per_worker", "memory_per_worker", "object_store_per_worker", "head_cpus", "head_gpus", "head_memory", "head_object_store", "spark_conf", "ray_start_options", "env", "start_timeout_s", "self_heal", "restart_on_server_restart")
+    __slots__ = ("name", "workers", "min_workers", "max_workers", "cpus_per_worker", "gpus_per_worker", "memory_per_worker", "object_store_per_worker", "head_cpus", "head_gpus", "head_memory", "head_object_store", "spark_conf", "ray_start_options", "env", "start_timeout_s", "self_heal", "restart_on_server_restart", "dashboard")
     class SparkConfEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,7 @@ class ClusterSpec(_message.Message):
     START_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     SELF_HEAL_FIELD_NUMBER: _ClassVar[int]
     RESTART_ON_SERVER_RESTART_FIELD_NUMBER: _ClassVar[int]
+    DASHBOARD_FIELD_NUMBER: _ClassVar[int]
     name: str
     workers: int
     min_workers: int
@@ -87,7 +88,8 @@ class ClusterSpec(_message.Message):
     start_timeout_s: float
     self_heal: bool
     restart_on_server_restart: bool
-    def __init__(self, name: _Optional[str] = ..., workers: _Optional[int] = ..., min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., cpus_per_worker: _Optional[int] = ..., gpus_per_worker: _Optional[float] = ..., memory_per_worker: _Optional[int] = ..., object_store_per_worker: _Optional[int] = ..., head_cpus: _Optional[int] = ..., head_gpus: _Optional[int] = ..., head_memory: _Optional[int] = ..., head_object_store: _Optional[int] = ..., spark_conf: _Optional[_Mapping[str, str]] = ..., ray_start_options: _Optional[_Mapping[str, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., start_timeout_s: _Optional[float] = ..., self_heal: _Optional[bool] = ..., restart_on_server_restart: _Optional[bool] = ...) -> None: ...
+    dashboard: bool
+    def __init__(self, name: _Optional[str] = ..., workers: _Optional[int] = ..., min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., cpus_per_worker: _Optional[int] = ..., gpus_per_worker: _Optional[float] = ..., memory_per_worker: _Optional[int] = ..., object_store_per_worker: _Optional[int] = ..., head_cpus: _Optional[int] = ..., head_gpus: _Optional[int] = ..., head_memory: _Optional[int] = ..., head_object_store: _Optional[int] = ..., spark_conf: _Optional[_Mapping[str, str]] = ..., ray_start_options: _Optional[_Mapping[str, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., start_timeout_s: _Optional[float] = ..., self_heal: _Optional[bool] = ..., restart_on_server_restart: _Optional[bool] = ..., dashboard: _Optional[bool] = ...) -> None: ...
 
 class Cluster(_message.Message):
     __slots__ = ("spec", "state", "ready_workers", "desired_workers", "address", "client_address", "dashboard_url", "create_time", "update_time", "message", "gpus")

@@ -1,0 +1,225 @@
+"""Training processes on this machine, forked from one warm process.
+
+Spark's distributors run ``local_mode=True`` on the driver: torchrun starts
+``num_processes`` new Python processes there, and each imports torch before
+the user's code runs. :class:`LocalRun` keeps one helper process (the
+*forker*) that has imported torch already; each run forks one child per
+rank from it, with torchrun's environment and the driver's current
+environment, working directory and ``sys.path``. A child sees nothing an
+earlier run left behind, as a new process would, and the function is
+unpickled in the child, so edits to the user's modules between runs are
+seen. The forker ends after ``keep_alive_s`` without a run, when the driver
+ends (its stdin closes, and the kernel kills it with its parent), or at
+:meth:`LocalRun.close`.
+
+No Ray here: a local run needs no cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import IO, Any
+
+from raydist.errors import ClusterFailedError
+
+__all__ = ["LocalRun"]
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct("!Q")
+
+
+def _send(stream: IO[bytes], data: bytes) -> None:
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def _recv(stream: IO[bytes]) -> bytes | None:
+    head = stream.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        return None
+    (size,) = _HEADER.unpack(head)
+    data = stream.read(size)
+    return data if len(data) == size else None
+
+
+class LocalRun:
+    """Runs jobs as ``world`` local processes, one run at a time.
+
+    ``run(job, world)`` returns rank 0's value; the first rank's error is
+    raised here with the rank and the child's traceback as a note, and the
+    other ranks are killed. ``preload`` names modules the forker imports
+    before the first run.
+    """
+
+    def __init__(self, *, keep_alive_s: float, preload: tuple[str, ...] = ("torch",)) -> None:
+        self.keep_alive_s = keep_alive_s
+        self.preload = preload
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._replies: IO[bytes] | None = None
+        self._pump: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _start(self) -> None:
+        read_fd, write_fd = os.pipe()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "raydist.train.local", str(write_fd), str(self.keep_alive_s), *self.preload],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=(write_fd,),
+            close_fds=True,
+        )
+        os.close(write_fd)
+        self._replies = os.fdopen(read_fd, "rb")
+        # The children's output goes to this process's sys.stdout (a notebook's
+        # cell output too), as Spark's local mode streams torchrun's output.
+        self._pump = threading.Thread(target=_copy_lines, args=(self._proc.stdout,), daemon=True,
+                                      name="raydist-local-output")
+        self._pump.start()
+
+    def run(self, job: Callable[[], Any], world: int) -> Any:
+        from pyspark import cloudpickle
+
+        request = cloudpickle.dumps(
+            {"job": cloudpickle.dumps(job), "world": world, "env": dict(os.environ),
+             "cwd": os.getcwd(), "sys_path": list(sys.path)}
+        )
+        with self._lock:
+            if not self.alive:
+                self.close()
+                self._start()
+            assert self._proc is not None and self._proc.stdin is not None and self._replies is not None
+            try:
+                _send(self._proc.stdin, request)
+                reply = _recv(self._replies)
+            except BaseException:
+                self.close()  # an interrupted run: its children die with the forker
+                raise
+            if reply is None:
+                code = self._proc.wait()
+                self.close()
+                raise ClusterFailedError(f"the local training processes' parent ended (exit code {code})")
+        return _rank0_or_raise(cloudpickle.loads(reply), cloudpickle)
+
+    def close(self) -> None:
+        """End the forker and its children now."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    stream.close()
+        if self._replies is not None:
+            self._replies.close()
+            self._replies = None
+        if self._pump is not None:
+            self._pump.join(5)
+            self._pump = None
+
+
+def _copy_lines(stream: IO[bytes] | None) -> None:
+    if stream is None:
+        return
+    try:
+        for line in iter(stream.readline, b""):
+            sys.stdout.write(line.decode(errors="replace"))
+            sys.stdout.flush()
+    except (OSError, ValueError):  # closed under us at close()
+        pass
+
+
+def _rank0_or_raise(outcomes: list[tuple[str, Any]], pickler: Any) -> Any:
+    from raydist.train._fork import ERROR, LOST, OK
+
+    for rank, (kind, payload) in enumerate(outcomes):
+        if kind == ERROR:
+            error, text = pickler.loads(payload)
+            error.add_note(f"raised by training process rank {rank}; its traceback:\n{text}")
+            raise error
+        if kind == LOST:
+            raise ClusterFailedError(f"training process rank {rank} {payload}")
+    kind, payload = outcomes[0]
+    if kind != OK:
+        raise ClusterFailedError("the local training run was cancelled")
+    return pickler.loads(payload)
+
+
+# --------------------------------------------------------------- the forker
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _child_job(payload: bytes, env: dict[str, str], pickler: Any) -> Callable[[], Any]:
+    def run() -> Any:
+        os.environ.clear()
+        os.environ.update(env)
+        return pickler.loads(payload)()
+
+    return run
+
+
+def _serve(reply_fd: int, keep_alive_s: float) -> None:
+    import select
+
+    from pyspark import cloudpickle
+
+    from raydist.train._fork import run_ranks
+
+    stdin = sys.stdin.buffer
+    with os.fdopen(reply_fd, "wb") as replies:
+        while True:
+            ready, _, _ = select.select([stdin], [], [], keep_alive_s)
+            if not ready:
+                return  # idle for keep_alive_s: give the memory back
+            data = _recv(stdin)
+            if data is None:
+                return  # the driver is gone or closed us
+            request = cloudpickle.loads(data)
+            os.chdir(request["cwd"])
+            sys.path[:] = request["sys_path"]
+            world = request["world"]
+            common = {**request["env"], "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+                      "NODE_RANK": "0", "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                      "MASTER_PORT": str(_free_port())}
+            jobs = [
+                _child_job(request["job"], {**common, "RANK": str(rank), "LOCAL_RANK": str(rank)}, cloudpickle)
+                for rank in range(world)
+            ]
+            _send(replies, cloudpickle.dumps(run_ranks(jobs, pickler=cloudpickle)))
+
+
+def _main(argv: list[str]) -> None:
+    from raydist.train._fork import die_with_parent
+
+    die_with_parent()
+    reply_fd, keep_alive_s, *preload = argv
+    import importlib
+
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    _serve(int(reply_fd), float(keep_alive_s))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])
