@@ -391,6 +391,12 @@ class RayCluster:
         with self._lock:
             slot.up = False
             slot.last_reason = reason
+            if spark_side.is_stopped(self._spark):
+                # Nothing can run its Spark jobs again: the cluster ends here.
+                if not self._stopping.is_set() and self._state != State.FAILED:
+                    self._set_state(State.FAILED, "its SparkSession was stopped")
+                    threading.Thread(target=self.down, daemon=True, name=f"raydist-{self.name}-failed").start()
+                return False
             if "No module named 'raydist'" in reason or "No module named 'ray'" in reason:
                 # Resubmitting cannot help: the executors' Python lacks raydist.
                 self._set_state(

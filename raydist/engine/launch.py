@@ -115,6 +115,9 @@ def node_argv(plan: NodePlan, *, cpus: int, gpus: int, memory: int, object_store
             f"--ray-client-server-port={ports['client']}",
             f"--dashboard-host={node_ip}",
             f"--include-dashboard={'true' if plan.dashboard else 'false'}",
+            # raydist sizes its clusters itself: Ray's autoscaler monitor
+            # would be one more Python process on the driver's host.
+            "--no-monitor",
         ]
     else:
         argv.append(f"--address={plan.gcs_address}")

@@ -39,10 +39,13 @@ log = logging.getLogger(__name__)
 
 _POLL_S = 2.0
 
-#: Ray starts workers at nice 15; torchrun (and so Spark's distributor) trains
-#: at the executor's own priority. At 15 the training loses CPU to every other
-#: process on the host. The runtime env of workers that train like torchrun.
-TORCHRUN_PRIORITY_ENV = {"env_vars": {"RAY_worker_niceness": "0"}}
+#: The runtime env of workers that train like torchrun's processes. Ray
+#: starts workers at nice 15; torchrun (and so Spark's distributor) trains at
+#: the executor's own priority, and at 15 the training loses CPU to every
+#: other process on the host. Ray Train also routes ``print`` through its
+#: logger, which shows each line twice on the driver; torchrun leaves
+#: ``print`` alone.
+TORCHRUN_PRIORITY_ENV = {"env_vars": {"RAY_worker_niceness": "0", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}}
 #: Jobs do not call ray.train.report, so the controller need not poll its
 #: idle workers often (raydist's facades poll at 0.2 s).
 _IDLE_HEALTH_CHECK = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "2"}
@@ -182,9 +185,11 @@ class ResidentRun:
         with scoped_env(_IDLE_HEALTH_CHECK):
             self._thread = threading.Thread(target=self._fit, args=(trainer,), name="raydist-resident", daemon=True)
             self._thread.start()
-            deadline = time.monotonic() + timeout_s
+            started = time.monotonic()
+            deadline = started + timeout_s
             while self.alive and time.monotonic() < deadline:
                 if ray.get(self._board.ready.remote()):
+                    log.info("warm run of %d workers ready in %.1f s", self.workers, time.monotonic() - started)
                     break
                 time.sleep(0.2)
 

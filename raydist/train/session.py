@@ -203,6 +203,7 @@ class TrainingSession:
                 )
                 log.info("starting session cluster %s: %d workers x %d CPU", spec.name, workers, cpus)
                 current = RayCluster(spec, spark).start()
+                self._stop_with(spark)
             with self._lock:
                 self._cluster = current
                 self._busy += 1
@@ -212,6 +213,24 @@ class TrainingSession:
                     self._reaper = threading.Thread(target=self._reap, name="raydist-session-reaper", daemon=True)
                     self._reaper.start()
             return current
+
+    def _stop_with(self, spark: Any) -> None:
+        """Tear the session cluster down inside ``spark.stop()``, before Spark
+        ends the tasks under its nodes (a run's workers would report their
+        nodes lost, to the driver's console)."""
+        sc = spark.sparkContext
+        if getattr(sc.stop, "raydist_session", None) is self:
+            return
+        original = sc.stop
+
+        def stop() -> None:
+            cluster = self._cluster
+            if cluster is not None and cluster.spark.sparkContext is sc:
+                self._teardown(cluster, "its SparkSession is stopping")
+            original()
+
+        stop.raydist_session = self  # type: ignore[attr-defined]
+        sc.stop = stop  # this SparkContext object only
 
     def _release(self) -> None:
         with self._lock:
