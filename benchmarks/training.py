@@ -1,146 +1,186 @@
-"""The same DDP job through pyspark's TorchDistributor and raydist's.
+"""Spark's distributors against raydist's, on the path Spark users take.
 
-On one SparkSession, alternate at least 3 times the same tiny DDP job (same
-model, data, epochs, seed) through pyspark's
-``TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)`` and
-through ``raydist.compat.TorchDistributor`` on a raydist cluster that is
-already up; then a compute-bound job (about --compute-s seconds of training)
-on both, for samples per second (split into --compute-rounds alternating
-runs; the median counts). Last line:
+Every measurement runs in a fresh process with its own SparkSession on
+``local-cluster[2,1,2048]``, with no ``cluster=`` and no ``RAY_ADDRESS``:
+exactly a Spark user's program with one import changed. pyspark and raydist
+alternate, case by case.
 
-  job_ratio=<raydist/pyspark median job wall time> throughput_ratio=<raydist/pyspark samples/s> same_result=<true|false>
+1. The first run of each class in a fresh session (raydist's includes
+   starting its session cluster, or its local forker):
+   - ``TorchDistributor(num_processes=2, local_mode=False)`` with a function,
+   - ``TorchDistributor(num_processes=2, local_mode=True)`` with an argparse script,
+   - ``DeepspeedTorchDistributor(numGpus=2, localMode=False)``, the function
+     reading its config from ``sys.argv`` as Spark hands it over,
+   - ``MirroredStrategyRunner(num_slots=2, use_custom_strategy=True)`` with a
+     custom training loop (spark-tensorflow-distributor's original).
+2. A learning-rate sweep: one distributor, ``run()`` four times, per run and
+   in total.
+3. Compute-bound samples/s after the sweep, in the same sessions
+   (``--compute-s`` split over ``--compute-rounds`` runs; the median counts).
 
-Spark master: local-cluster[2,2,2048], not [2,1,2048]: while up, the raydist
-cluster holds one task slot per executor, and pyspark's barrier job needs two
-more slots; the machine's cores are the same two either way.
+Last line:
+
+  first_run_ratio=<median over the classes of raydist/pyspark> sweep_ratio=<raydist total/pyspark total>
+  throughput_ratio=<samples/s raydist/pyspark> same_result=<true|false>
+
+(one line). Run: make bench-training
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-
-def tiny_job(epochs: int = 20) -> float:
-    """A DDP job as written for pyspark: it makes its own process group."""
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    dist.init_process_group("gloo")
-    torch.manual_seed(0)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1024, 16, generator=g)
-    y = x @ torch.linspace(-1, 1, 16) + 0.3
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    for _ in range(epochs):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x[rank::world]).squeeze(-1), y[rank::world])
-        loss.backward()
-        opt.step()
-    with torch.no_grad():
-        final = torch.nn.functional.mse_loss(model(x).squeeze(-1), y).item()
-    dist.destroy_process_group()
-    return round(final, 6)
+HERE = Path(__file__).resolve().parent
+MASTER = "local-cluster[2,1,2048]"
+CASES = ("torch_fn", "torch_script", "deepspeed", "mirrored")
+SWEEP_LRS = (0.01, 0.02, 0.05, 0.1)
 
 
-def compute_job(seconds: float) -> float:
-    """Train an MLP for about ``seconds``; returns samples/s over all ranks."""
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
+# ------------------------------------------------------------------ child side
 
-    dist.init_process_group("gloo")
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    batch = 256
-    x = torch.randn(batch, 256)
-    y = torch.randint(0, 10, (batch,))
-    steps = torch.zeros(1)
-    start = time.perf_counter()
-    while True:
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        steps += 1
-        done = torch.tensor([1.0 if time.perf_counter() - start > seconds else 0.0])
-        dist.all_reduce(done, op=dist.ReduceOp.MAX)  # every rank stops at the same step
-        if done.item() > 0:
-            break
-    elapsed = time.perf_counter() - start
-    total = steps.clone()
-    dist.all_reduce(total)
-    dist.destroy_process_group()
-    return float(total.item()) * batch / elapsed
+
+def _session():
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master(MASTER)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.executorEnv.RAY_USAGE_STATS_ENABLED", "0")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _classes(side: str):
+    if side == "pyspark":
+        from pyspark.ml.deepspeed.deepspeed_distributor import DeepspeedTorchDistributor
+        from pyspark.ml.torch.distributor import TorchDistributor
+        from spark_tensorflow_distributor import MirroredStrategyRunner
+    else:
+        from raydist.compat import DeepspeedTorchDistributor, MirroredStrategyRunner, TorchDistributor
+    return TorchDistributor, DeepspeedTorchDistributor, MirroredStrategyRunner
+
+
+def child(side: str, case: str, compute_s: float, compute_rounds: int) -> dict:
+    sys.path.insert(0, str(HERE))
+    import training_jobs as jobs
+    from pyspark import cloudpickle as spark_pickle
+
+    spark_pickle.register_pickle_by_value(jobs)  # executors cannot import benchmarks/
+    if side == "raydist":
+        from ray import cloudpickle as ray_pickle
+
+        ray_pickle.register_pickle_by_value(jobs)
+    spark = _session()
+    torch_d, ds_d, tf_r = _classes(side)
+    out: dict = {"side": side, "case": case}
+    try:
+        t0 = time.perf_counter()
+        if case == "torch_fn":
+            out["result"] = torch_d(num_processes=2, local_mode=False, use_gpu=False).run(jobs.tiny_job, 0.05)
+        elif case == "torch_script":
+            with tempfile.TemporaryDirectory() as tmp:
+                script = Path(tmp) / "train.py"
+                script.write_text(jobs.SCRIPT)
+                out["result"] = torch_d(num_processes=2, local_mode=True, use_gpu=False).run(
+                    str(script), "--lr", "0.05"
+                )
+        elif case == "deepspeed":
+            os.environ["DS_ACCELERATOR"] = "cpu"  # a CPU-only machine, both sides
+            out["result"] = ds_d(
+                numGpus=2, nnodes=1, localMode=False, useGpu=False, deepspeedConfig=jobs.DEEPSPEED_CONFIG
+            ).run(jobs.deepspeed_job)
+        elif case == "mirrored":
+            out["result"] = tf_r(num_slots=2, local_mode=False, use_gpu=False, use_custom_strategy=True).run(
+                jobs.mirrored_custom_loop
+            )
+        elif case == "sweep":
+            distributor = torch_d(num_processes=2, local_mode=False, use_gpu=False)
+            out["runs"], out["result"] = [], []
+            for lr in SWEEP_LRS:
+                t = time.perf_counter()
+                out["result"].append(distributor.run(jobs.tiny_job, lr))
+                out["runs"].append(time.perf_counter() - t)
+            out["seconds"] = sum(out["runs"])
+            out["samples_per_s"] = [
+                distributor.run(jobs.compute_job, compute_s / compute_rounds) for _ in range(compute_rounds)
+            ]
+        if "seconds" not in out:
+            out["seconds"] = time.perf_counter() - t0
+    finally:
+        spark.stop()
+    return out
+
+
+# ----------------------------------------------------------------- parent side
+
+
+def measure(side: str, case: str, args: argparse.Namespace) -> dict:
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore"}
+    env.pop("RAY_ADDRESS", None)
+    with tempfile.NamedTemporaryFile("r", suffix=".json") as result:
+        cmd = [sys.executable, __file__, "--child", side, case, result.name,
+               "--compute-s", str(args.compute_s), "--compute-rounds", str(args.compute_rounds)]
+        with open(Path(tempfile.gettempdir()) / f"bench-training-{side}-{case}.log", "w") as log:
+            proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=1200, check=False)
+        text = Path(result.name).read_text()
+    if proc.returncode != 0 or not text:
+        raise SystemExit(f"{side} {case} failed (exit {proc.returncode}); see {log.name}")
+    return json.loads(text)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--compute-s", type=float, default=30.0, help="seconds of compute-bound training on each")
-    parser.add_argument("--compute-rounds", type=int, default=3, help="alternating runs the compute-s are split into")
-    parser.add_argument("--master", default="local-cluster[2,2,2048]")
+    parser.add_argument("--compute-s", type=float, default=30.0, help="seconds of compute-bound training per side")
+    parser.add_argument("--compute-rounds", type=int, default=3)
+    parser.add_argument("--cases", default=",".join(CASES), help="first-run cases to measure")
+    parser.add_argument("--child", nargs=3, metavar=("SIDE", "CASE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        side, case, out = args.child
+        Path(out).write_text(json.dumps(child(side, case, args.compute_s, args.compute_rounds)))
+        return 0
 
-    from pyspark.ml.torch.distributor import TorchDistributor as SparkTorchDistributor
+    ratios, same = [], True
+    print(f"first run of each class in a fresh session on {MASTER} (no cluster=, no RAY_ADDRESS):", flush=True)
+    for i, case in enumerate(args.cases.split(",")):
+        order = ("pyspark", "raydist") if i % 2 == 0 else ("raydist", "pyspark")
+        got = {side: measure(side, case, args) for side in order}
+        theirs, ours = got["pyspark"], got["raydist"]
+        ratios.append(ours["seconds"] / theirs["seconds"])
+        if case != "mirrored":  # TF's collective reduction order may differ in the last digits
+            same = same and theirs["result"] == ours["result"]
+        print(f"  {case:13s} pyspark {theirs['seconds']:6.1f} s -> {theirs['result']}   "
+              f"raydist {ours['seconds']:6.1f} s -> {ours['result']}   ratio {ratios[-1]:.2f}", flush=True)
 
-    import raydist
-    from raydist.compat import TorchDistributor
-    from raydist.engine.spark import embedded_session
-
-    spark = embedded_session(args.master, {"spark.ui.enabled": "false"})
-    spark.sparkContext.setLogLevel("ERROR")
-    spark.sparkContext.parallelize(range(2), 2).count()
-    cluster = raydist.up(spark, name="bench-train", workers=2, cpus_per_worker=1)
-    try:
-        spark_times, ours_times, same = [], [], True
-        for i in range(args.rounds):
-            t0 = time.perf_counter()
-            theirs = SparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(tiny_job)
-            spark_times.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            ours = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, cluster=cluster).run(tiny_job)
-            ours_times.append(time.perf_counter() - t0)
-            same = same and theirs == ours
-            print(f"round {i}: pyspark {spark_times[-1]:6.2f} s -> {theirs}   "
-                  f"raydist {ours_times[-1]:6.2f} s -> {ours}", flush=True)
-        # The compute-bound job: about --compute-s seconds of training on
-        # each, split into alternating runs so that a noisy moment on this
-        # shared machine does not decide the ratio; the median run counts.
-        spark_runs, ours_runs = [], []
-        each = args.compute_s / args.compute_rounds
-        for _ in range(args.compute_rounds):
-            spark_runs.append(
-                SparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(compute_job, each)
-            )
-            ours_runs.append(
-                TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, cluster=cluster).run(
-                    compute_job, each
-                )
-            )
-        print(
-            "compute-bound runs (samples/s): pyspark "
-            + ", ".join(f"{v:,.0f}" for v in spark_runs)
-            + "; raydist "
-            + ", ".join(f"{v:,.0f}" for v in ours_runs)
-        )
-        spark_sps, ours_sps = statistics.median(spark_runs), statistics.median(ours_runs)
-        print(f"compute-bound: pyspark {spark_sps:,.0f} samples/s, raydist {ours_sps:,.0f} samples/s")
-    finally:
-        cluster.down()
-        spark.stop()
-    s_med, o_med = statistics.median(spark_times), statistics.median(ours_times)
-    print(f"median job wall time: pyspark {s_med:.2f} s, raydist {o_med:.2f} s")
-    print(f"job_ratio={o_med / s_med:.3f} throughput_ratio={ours_sps / spark_sps:.3f} same_result={str(same).lower()}")
+    print("sweep: one distributor, run() x4 (learning rates " + ", ".join(map(str, SWEEP_LRS)) + "):", flush=True)
+    sweep = {side: measure(side, "sweep", args) for side in ("raydist", "pyspark")}
+    for side in ("pyspark", "raydist"):
+        s = sweep[side]
+        print(f"  {side:8s} " + " / ".join(f"{t:.1f}" for t in s["runs"]) + f" s, total {s['seconds']:.1f} s "
+              f"-> {s['result']}", flush=True)
+    same = same and sweep["pyspark"]["result"] == sweep["raydist"]["result"]
+    print("compute-bound samples/s: " + "; ".join(
+        f"{side} " + ", ".join(f"{v:,.0f}" for v in sweep[side]["samples_per_s"]) for side in ("pyspark", "raydist")
+    ))
+    sps = {side: statistics.median(sweep[side]["samples_per_s"]) for side in sweep}
+    first = statistics.median(ratios)
+    sweep_ratio = sweep["raydist"]["seconds"] / sweep["pyspark"]["seconds"]
+    print(f"first_run_ratio={first:.3f} sweep_ratio={sweep_ratio:.3f} "
+          f"throughput_ratio={sps['raydist'] / sps['pyspark']:.3f} same_result={str(same).lower()}")
     return 0
 
 

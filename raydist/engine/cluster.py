@@ -106,6 +106,7 @@ class RayCluster:
         self.client_address = ""
         self.dashboard_url = ""
         self._temp_root = os.path.join("/tmp", f"raydist-{self._uid}")
+        self._deadline = time.monotonic() + spec.start_timeout_s
         self._exported_address: str | None = None
         self._address_before: str | None = None
 
@@ -176,17 +177,49 @@ class RayCluster:
         or ClusterFailedError when the head fails. On any error the cluster is
         torn down before the exception propagates.
         """
+        self.launch()
+        self.wait_ready()
+        return self
+
+    def launch(self) -> RayCluster:
+        """Start the head and submit the workers' Spark jobs; returns at once.
+        :meth:`wait_head` and :meth:`wait_ready` wait for them (``start`` is
+        both). Raises CapacityError, with nothing started, when Spark can
+        never fit the cluster."""
         spec = self.spec
         cap = spark_side.capacity(self._spark)
         cpus = spec.cpus_per_worker or cap.cores_per_executor
         spark_side.check_fits(spec, cap, cpus)
+        self._deadline = time.monotonic() + spec.start_timeout_s
         try:
             self._launch(cap, cpus)
-            self._wait_ready(time.monotonic() + spec.start_timeout_s)
         except BaseException:
             self.down()
             raise
         return self
+
+    def wait_head(self) -> None:
+        """After :meth:`launch`: block until the head is up, so that clients
+        can connect while the workers still start (their work waits for the
+        workers' resources). Tears the cluster down and raises
+        ClusterFailedError when the head does not start."""
+        with self._changed:
+            while not self._head_up and not self._state.terminal and time.monotonic() < self._deadline:
+                if self._head_proc is not None and self._head_proc.poll() is not None:
+                    break
+                self._changed.wait(0.5)
+            up = self._head_up
+        if not up:
+            self.wait_ready()  # raises what went wrong, after teardown
+
+    def wait_ready(self) -> None:
+        """After :meth:`launch`: block until ``min_workers`` are up. On
+        failure or timeout the cluster is torn down and the error raised."""
+        try:
+            self._wait_ready(self._deadline)
+        except BaseException:
+            self.down()
+            raise
 
     def status(self) -> ClusterStatus:
         """The observed state: RUNNING, DEGRADED (with the reason)..."""

@@ -12,26 +12,36 @@ __all__ = ["Facade", "fit_ready"]
 
 def fit_ready(trainer: Any) -> Any:
     """Adapt a Ray Train trainer to the cluster this process is connected to,
-    just before ``fit``; returns it.
+    just before ``fit``; returns it. Leaves out two of Ray Train V2's default
+    helpers where they can do nothing, each a Python process of its own (on
+    a small host, a second of CPU each at the start of every run):
 
-    Ray Train V2 starts a helper actor (PlacementGroupCleaner) that asks
-    Ray's State API every second whether the run's controller is alive. The
-    State API is served by the dashboard, which raydist's clusters run only
-    on request (``ClusterSpec.dashboard``); without it the helper can do
-    nothing but log a warning to the driver each second. It is left out
-    there: the run's placement group still goes with its controller.
+    - the datasets helper (``DatasetsCallback``), when the trainer has no
+      datasets: it starts a dataset-manager actor, and Ray Data's autoscaling
+      coordinator with it, either way;
+    - the placement-group cleaner, when the cluster serves no State API
+      (raydist's clusters run the dashboard that serves it only on request,
+      ``ClusterSpec.dashboard``): it asks that API every second whether the
+      run's controller is alive and, without it, only logs a warning to the
+      driver each time. The run's placement group still goes with its
+      controller.
     """
     import ray._private.worker as ray_worker
-
-    node = getattr(ray_worker, "_global_node", None)
-    if node is None or getattr(node, "webui_url", None):
-        return trainer  # a Ray Client connection, or a cluster with a dashboard
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 
+    node = getattr(ray_worker, "_global_node", None)
+    idle: list[type] = []
+    if node is not None and not getattr(node, "webui_url", None):
+        idle.append(PlacementGroupCleanerCallback)
+    if not getattr(trainer, "datasets", None):
+        idle.append(DatasetsCallback)
+    if not idle:
+        return trainer
     make = trainer._create_default_callbacks
 
     def callbacks() -> list[Any]:
-        return [c for c in make() if not isinstance(c, PlacementGroupCleanerCallback)]
+        return [c for c in make() if not isinstance(c, tuple(idle))]
 
     trainer._create_default_callbacks = callbacks
     return trainer

@@ -47,10 +47,15 @@ log = logging.getLogger(__name__)
 #: How long the session cluster, a warm run and the local forker stay up
 #: after the last run, unless the run asked otherwise.
 DEFAULT_KEEP_WARM_S = 120.0
-#: Ray Train V2's ``report()`` waits on the controller's health-check poll
-#: (2 s by default); raydist's runs poll faster unless the user chose a value.
-FAST_HEALTH_CHECK = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}
+#: Ray Train settings for the runs raydist starts, unless the user set them
+#: (Ray Train reads them from the driver's environment). ``report()`` waits
+#: on the controller's health-check poll, 2 s by default: raydist polls at
+#: 0.2 s. The preemption watcher (one more actor process per run) reads the
+#: drain notices a cloud provider gives Ray's nodes; raydist's nodes are Spark
+#: tasks, which get none.
+RUN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 _REAP_EVERY_S = 1.0
+
 #: Polls in a row that must see other Spark work waiting before an idle
 #: session cluster gives its slots back (one poll may catch a job's tasks
 #: in the instant before they launch).
@@ -70,6 +75,7 @@ class TrainingSession:
         self._keep_warm_s = DEFAULT_KEEP_WARM_S
         self._warm: tuple[tuple[Any, ...], ResidentRun] | None = None
         self._local: LocalRun | None = None
+        self._start_errors: dict[str, BaseException] = {}
         self._reaper: threading.Thread | None = None
         self._closed = False
 
@@ -112,14 +118,20 @@ class TrainingSession:
         if session_run:
             handle = self._acquire(workers, cpus_per_worker, 1 if use_gpu else 0, keep_warm_s)
         try:
-            with scoped_env(FAST_HEALTH_CHECK, keep_existing=True):
+            with scoped_env(RUN_ENV, keep_existing=True):
                 if handle is not None:
                     self._connect_to(handle)
                 elif not ray.is_initialized():
                     ray.init(log_to_driver=True)
                     connected_here = True
-                _check_resources(workers, cpus_per_worker, use_gpu)
+                if not session_run:  # the session cluster is sized for the run
+                    _check_resources(workers, cpus_per_worker, use_gpu)
                 yield handle
+        except BaseException as e:
+            failed = self._start_errors.pop(handle.address, None) if session_run and handle else None
+            if failed is not None:
+                raise failed from e  # the run failed because its cluster did not come up
+            raise
         finally:
             if connected_here:
                 self.release_warm()
@@ -202,7 +214,14 @@ class TrainingSession:
                     gpus_per_worker=gpus,
                 )
                 log.info("starting session cluster %s: %d workers x %d CPU", spec.name, workers, cpus)
-                current = RayCluster(spec, spark).start()
+                current = RayCluster(spec, spark).launch()
+                # The run starts once the head is up: Ray Train's controller and
+                # its placement group wait for the workers' CPUs, so their start
+                # overlaps the workers' (seconds of a first run on a small host).
+                current.wait_head()
+                threading.Thread(
+                    target=self._watch_start, args=(current,), name="raydist-session-start", daemon=True
+                ).start()
                 self._stop_with(spark)
             with self._lock:
                 self._cluster = current
@@ -213,6 +232,18 @@ class TrainingSession:
                     self._reaper = threading.Thread(target=self._reap, name="raydist-session-reaper", daemon=True)
                     self._reaper.start()
             return current
+
+    def _watch_start(self, cluster: RayCluster) -> None:
+        """Wait for a new session cluster's workers; when they do not come
+        up, the cluster is torn down (ending the run that waits for them)
+        and the run raises this error instead of Ray's."""
+        try:
+            cluster.wait_ready()
+        except BaseException as e:  # noqa: BLE001 - handed to the run by connected()
+            with self._lock:
+                self._start_errors[cluster.address] = e
+                if self._cluster is cluster:
+                    self._cluster = None
 
     def _stop_with(self, spark: Any) -> None:
         """Tear the session cluster down inside ``spark.stop()``, before Spark
