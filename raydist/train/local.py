@@ -97,21 +97,41 @@ class LocalRun:
              "cwd": os.getcwd(), "sys_path": list(sys.path)}
         )
         with self._lock:
-            if not self.alive:
-                self.close()
-                self._start()
-            assert self._proc is not None and self._proc.stdin is not None and self._replies is not None
-            try:
-                _send(self._proc.stdin, request)
-                reply = _recv(self._replies)
-            except BaseException:
-                self.close()  # an interrupted run: its children die with the forker
-                raise
+            reply = self._exchange(request)
+            if reply is None and self._ended_idle():
+                # It ended for idleness just as this run came: start another.
+                reply = self._exchange(request)
             if reply is None:
-                code = self._proc.wait()
+                code = self._proc.wait() if self._proc is not None else None
                 self.close()
                 raise ClusterFailedError(f"the local training processes' parent ended (exit code {code})")
         return _rank0_or_raise(cloudpickle.loads(reply), cloudpickle)
+
+    def _exchange(self, request: bytes) -> bytes | None:
+        """Send one run to the forker (started if needed); its reply, or None
+        when the forker ended first."""
+        if not self.alive:
+            self.close()
+            self._start()
+        assert self._proc is not None and self._proc.stdin is not None and self._replies is not None
+        try:
+            _send(self._proc.stdin, request)
+            return _recv(self._replies)
+        except BrokenPipeError:
+            return None
+        except BaseException:
+            self.close()  # an interrupted run: its children die with the forker
+            raise
+
+    def _ended_idle(self) -> bool:
+        """Whether the forker ended by itself after ``keep_alive_s`` idle
+        (exit code 0), having taken no run."""
+        if self._proc is None:
+            return False
+        code = self._proc.wait()
+        if code == 0:
+            self.close()
+        return code == 0
 
     def close(self) -> None:
         """End the forker and its children now."""
@@ -184,9 +204,12 @@ def _serve(reply_fd: int, keep_alive_s: float) -> None:
     from raydist.train._fork import run_ranks
 
     stdin = sys.stdin.buffer
+    first = True
     with os.fdopen(reply_fd, "wb") as replies:
         while True:
-            ready, _, _ = select.select([stdin], [], [], keep_alive_s)
+            # The first run is on its way; after a run, wait keep_alive_s.
+            ready, _, _ = select.select([stdin], [], [], None if first else keep_alive_s)
+            first = False
             if not ready:
                 return  # idle for keep_alive_s: give the memory back
             data = _recv(stdin)

@@ -1,0 +1,97 @@
+"""Jobs in forked children (raydist.train._fork), with no cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from raydist.train._fork import CANCELLED, ERROR, LOST, OK, keep_destroyed_groups, learn_imports, run_forked, run_ranks
+
+
+def loads(payload: bytes):
+    from ray import cloudpickle
+
+    return cloudpickle.loads(payload)
+
+
+def test_a_child_returns_its_value_in_its_own_process() -> None:
+    def job() -> tuple[int, int, str]:
+        return os.getpid(), os.getppid(), os.environ["X"]
+
+    kind, payload = run_forked(job, {"X": "1"}, still_wanted=lambda: True)
+    assert kind == OK
+    pid, ppid, x = loads(payload)
+    assert pid != os.getpid() and ppid == os.getpid() and x == "1"
+    assert "X" not in os.environ  # the child's environment stays in the child
+
+
+def test_an_error_comes_back_with_its_traceback() -> None:
+    def job() -> None:
+        raise KeyError("missing column")
+
+    kind, payload = run_forked(job, {}, still_wanted=lambda: True)
+    assert kind == ERROR
+    error, text = loads(payload)
+    assert isinstance(error, KeyError) and "missing column" in text and "def job" not in text
+    assert "in job" in text
+
+
+def test_a_child_killed_by_a_signal_is_lost() -> None:
+    kind, how = run_forked(lambda: os.kill(os.getpid(), signal.SIGKILL), {}, still_wanted=lambda: True)
+    assert (kind, how) == (LOST, "was killed by SIGKILL")
+
+
+def test_a_job_no_longer_wanted_is_killed() -> None:
+    started = time.monotonic()
+    kind, _ = run_forked(lambda: time.sleep(60), {}, still_wanted=lambda: False, poll_s=0.1)
+    assert kind == CANCELLED and time.monotonic() - started < 30
+
+
+def test_ranks_run_at_once_and_the_first_failure_stops_the_rest() -> None:
+    def waits() -> None:
+        time.sleep(60)
+
+    def fails() -> None:
+        raise ValueError("rank 1 broke")
+
+    started = time.monotonic()
+    outcomes = run_ranks([waits, fails])
+    assert outcomes[0] == (CANCELLED, None)
+    assert outcomes[1][0] == ERROR and isinstance(loads(outcomes[1][1])[0], ValueError)
+    assert time.monotonic() - started < 30
+
+    values = [loads(p) for _, p in run_ranks([lambda: 0, lambda: 1, lambda: 2])]
+    assert values == [0, 1, 2]
+
+
+def test_learn_imports_loads_only_submodules_of_packages_already_here() -> None:
+    assert "json.tool" not in sys.modules or pytest.skip("json.tool already imported")
+    import json  # noqa: F401 - the package this process "has"
+
+    learn_imports(["json.tool", "this_package_does_not_exist.sub", "antigravity"])
+    assert "json.tool" in sys.modules
+    assert "antigravity" not in sys.modules  # a new top-level package never runs here
+
+
+def test_destroyed_process_groups_stay_referenced_until_the_process_ends() -> None:
+    torch_dist = pytest.importorskip("torch.distributed")
+
+    def job() -> int:
+        keep_destroyed_groups()
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", RANK="0", WORLD_SIZE="1")
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+        group = dist.group.WORLD
+        dist.destroy_process_group()
+        kept = dist.destroy_process_group.kept_groups
+        return int(any(g is group for g in kept))
+
+    assert torch_dist is not None
+    kind, payload = run_forked(job, {}, still_wanted=lambda: True)
+    assert kind == OK, loads(payload) if kind == ERROR else payload
+    assert loads(payload) == 1
