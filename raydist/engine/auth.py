@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from raydist.paths import home, private_file
 
-__all__ = ["RayToken", "load_or_create_token", "activate_in_process"]
+__all__ = ["RayToken", "load_or_create_token", "activate_in_process", "reload_auth_in_process"]
 
 _TOKEN_FILE = "ray_auth_token"
 
@@ -78,9 +78,16 @@ def activate_in_process(token: RayToken) -> None:
         )
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ["RAY_AUTH_TOKEN"] = token.reveal()
-    if "ray._raylet" in sys.modules and current != token.reveal():
-        # Ray read its config (auth mode included) and maybe cached a token when
-        # it was imported; make it read the environment again.
+    if current != token.reveal():
+        reload_auth_in_process()
+
+
+def reload_auth_in_process() -> None:
+    """Make Ray read its auth settings from the environment again. Ray
+    reads its config (auth mode included) and caches a token when it is
+    imported or first connects; a change to them later goes unseen without
+    this."""
+    if "ray._raylet" in sys.modules:
         from ray._raylet import AuthenticationTokenLoader, Config
 
         Config.initialize("")

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from raydist.engine import spark as spark_side
-from raydist.engine.auth import RayToken, activate_in_process, load_or_create_token
+from raydist.engine.auth import RayToken, activate_in_process, load_or_create_token, reload_auth_in_process
 from raydist.engine.channel import NodeChannel, NodeLink
 from raydist.engine.launch import NodePlan, route_ip, run_worker_node, start_head
 from raydist.engine.ports import preferred_or_free_port
@@ -107,8 +107,10 @@ class RayCluster:
         self.dashboard_url = ""
         self._temp_root = os.path.join("/tmp", f"raydist-{self._uid}")
         self._deadline = time.monotonic() + spec.start_timeout_s
-        self._exported_address: str | None = None
-        self._address_before: str | None = None
+        #: What this process's environment held before the cluster set its
+        #: own (connect/export_env); put back at down().
+        self._env_before: dict[str, str | None] | None = None
+        self._env_set: dict[str, str] = {}
 
     # ------------------------------------------------------------------ API
 
@@ -145,28 +147,39 @@ class RayCluster:
         ``ray.util.spark.setup_ray_cluster`` does: ``RAY_ADDRESS`` and the
         token go into ``os.environ``, so ``ray.init()``, ``ray.init(address)``,
         ``ray.init(client_address)`` and subprocesses started later all reach
-        it with no other call. ``down()`` puts back the ``RAY_ADDRESS`` that
-        was there before."""
-        activate_in_process(self._token)
-        if self._exported_address is None:
-            self._address_before = os.environ.get("RAY_ADDRESS")
-        os.environ["RAY_ADDRESS"] = self._exported_address = self.address
+        it with no other call. ``down()`` puts back what was there before."""
+        self._set_env({"RAY_ADDRESS": self.address})
 
-    def _unexport_env(self) -> None:
-        if self._exported_address is None:
+    def _set_env(self, extra: Mapping[str, str]) -> None:
+        values = {**self._token.env(), **extra}
+        if self._env_before is None:
+            self._env_before = {key: os.environ.get(key) for key in (*self._token.env(), "RAY_ADDRESS")}
+        activate_in_process(self._token)
+        os.environ.update(extra)
+        self._env_set.update(values)
+
+    def _restore_env(self) -> None:
+        """Put back what this process's environment held before the cluster
+        set its own (where nothing else changed it since), so that a Ray
+        cluster started later with other settings (another token, or none)
+        is not handed this one's."""
+        if self._env_before is None:
             return
-        if os.environ.get("RAY_ADDRESS") == self._exported_address:
-            if self._address_before is None:
-                os.environ.pop("RAY_ADDRESS", None)
-            else:
-                os.environ["RAY_ADDRESS"] = self._address_before
-        self._exported_address = None
+        for key, value in self._env_set.items():
+            if os.environ.get(key) == value:
+                before = self._env_before.get(key)
+                if before is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = before
+        self._env_before, self._env_set = None, {}
+        reload_auth_in_process()
 
     def connect(self, **init_kwargs: Any) -> Any:
         """``ray.init`` against this cluster from this process."""
         import ray
 
-        activate_in_process(self._token)
+        self._set_env({})
         return ray.init(address=self.address, **init_kwargs)
 
     def start(self) -> RayCluster:
@@ -292,7 +305,7 @@ class RayCluster:
                 return
             failed = self._state == State.FAILED
         self._disconnect_this_process()
-        self._unexport_env()
+        self._restore_env()
         with self._lock:
             self._stopping.set()
             if not failed:
