@@ -37,7 +37,7 @@ def main() -> None:
     from raydist.train import TorchTrainer
 
     with raydist.up(workers=2, cpus_per_worker=1) as cluster:
-        print(f"cluster {cluster.name} up: {cluster.address} (dashboard {cluster.dashboard_url})")
+        print(f"cluster {cluster.name} up: {cluster.address} (Ray Client: {cluster.client_address})")
         result = TorchTrainer(train_fn, config={"epochs": 30}, workers=2, cluster=cluster).fit()
         # Ray Train keeps reported metrics in Result.metrics only with a
         # checkpoint; rank 0's return value carries them here.

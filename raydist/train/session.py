@@ -193,7 +193,7 @@ class TrainingSession:
             current = self._cluster
             fits = (
                 current is not None
-                and current.state in (State.RUNNING, State.DEGRADED)
+                and current.state in (State.CREATING, State.RUNNING, State.DEGRADED)
                 and not spark_side.is_stopped(current.spark)
                 and current.spec.desired_workers >= workers
                 and (current.spec.cpus_per_worker or 0) >= cpus
