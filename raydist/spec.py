@@ -36,9 +36,10 @@ __all__ = [
 
 #: A cluster name is a DNS label: it becomes a Spark job tag, a directory name
 #: and, on Kubernetes, part of pod labels.
-_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_OPTION_RE = re.compile(r"^[a-z][a-z0-9-]{0,63}$")
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# Matched whole (fullmatch): "$" alone would let a trailing newline through.
+_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_OPTION_RE = re.compile(r"[a-z][a-z0-9-]{0,63}")
+_ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -102,7 +103,7 @@ def _frozen_str_map(
         raise SpecError(field_name, value, "expected a mapping of strings to strings")
     out: dict[str, str] = {}
     for k, v in value.items():
-        if not isinstance(k, str) or (key_re is not None and not key_re.match(k)):
+        if not isinstance(k, str) or (key_re is not None and not key_re.fullmatch(k)):
             raise SpecError(f"{field_name}[{k!r}]", k, f"keys must match {key_re.pattern if key_re else 'a string'}")
         if isinstance(v, bool):
             v = "true" if v else "false"
@@ -189,7 +190,7 @@ class ClusterSpec:
         def put(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
-        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+        if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
             raise SpecError(
                 "name",
                 self.name,

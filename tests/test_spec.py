@@ -133,3 +133,13 @@ def test_from_dict_rejects_unknown_fields() -> None:
     with pytest.raises(SpecError) as err:
         ClusterSpec.from_dict({"name": "a", "wrokers": 2})
     assert err.value.field == "wrokers"
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("name", "demo\n"), ("env", {"PATH\n": "x"}), ("ray_start_options", {"object-spilling-directory\n": "/x"})],
+)
+def test_a_trailing_newline_is_not_a_valid_name_or_key(field: str, value: object) -> None:
+    fields = {"name": "demo", field: value}
+    with pytest.raises(SpecError, match=field):
+        ClusterSpec(**fields)

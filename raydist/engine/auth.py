@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from raydist.paths import home, private_file
 
-__all__ = ["RayToken", "load_or_create_token", "activate_in_process", "reload_auth_in_process"]
+__all__ = ["RayToken", "ProcessEnv", "load_or_create_token", "activate_in_process", "reload_auth_in_process"]
 
 _TOKEN_FILE = "ray_auth_token"
 
@@ -92,3 +92,38 @@ def reload_auth_in_process() -> None:
 
         Config.initialize("")
         AuthenticationTokenLoader.instance().reset_cache()
+
+
+class ProcessEnv:
+    """The Ray address and auth environment one cluster set in this process
+    (to connect it, or to make it the default cluster), and what was there
+    before. :meth:`restore` puts that back where nothing else changed it
+    since, so that a Ray cluster started later with other settings (another
+    token, or none, as ``ray.util.spark`` starts) is not handed this one's."""
+
+    def __init__(self, token: RayToken) -> None:
+        self._token = token
+        self._before: dict[str, str | None] | None = None
+        self._set: dict[str, str] = {}
+
+    def set(self, extra: dict[str, str]) -> None:
+        """Activate the token in this process, and set ``extra`` too."""
+        values = {**self._token.env(), **extra}
+        if self._before is None:
+            self._before = {key: os.environ.get(key) for key in (*self._token.env(), "RAY_ADDRESS")}
+        activate_in_process(self._token)
+        os.environ.update(extra)
+        self._set.update(values)
+
+    def restore(self) -> None:
+        if self._before is None:
+            return
+        for key, value in self._set.items():
+            if os.environ.get(key) == value:
+                before = self._before.get(key)
+                if before is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = before
+        self._before, self._set = None, {}
+        reload_auth_in_process()

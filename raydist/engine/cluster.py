@@ -29,9 +29,10 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from raydist.engine import spark as spark_side
-from raydist.engine.auth import RayToken, activate_in_process, load_or_create_token, reload_auth_in_process
+from raydist.engine.auth import ProcessEnv, RayToken, load_or_create_token
 from raydist.engine.channel import NodeChannel, NodeLink
-from raydist.engine.launch import NodePlan, route_ip, run_worker_node, start_head
+from raydist.engine.launch import HEAD_KEY, NodePlan, node_plans, route_ip, run_worker_node, start_head
+from raydist.engine.outbox import Outbox
 from raydist.engine.ports import preferred_or_free_port
 from raydist.engine.procs import wait_processes_gone
 from raydist.engine.slot import WorkerSlot, keep_filled
@@ -48,7 +49,6 @@ __all__ = ["HEAD_PORTS", "RayCluster"]
 log = logging.getLogger(__name__)
 
 EventListener = Callable[[str, str], None]
-_HEAD = "head"
 #: The head ports a deployment may pin (``head_ports``): the rest are free ports.
 HEAD_PORTS = ("gcs", "dashboard", "client")
 
@@ -83,7 +83,7 @@ class RayCluster:
         self._head_ports = dict(head_ports or {})
         self._spark = spark
         self._token = token or load_or_create_token()
-        self._on_event = on_event
+        self._outbox = Outbox(on_event, f"raydist-{spec.name}") if on_event is not None else None
         self._uid = secrets.token_hex(4)
         self._group = f"raydist-{spec.name}-{self._uid}"
         self._link_secret = secrets.token_hex(16)
@@ -107,10 +107,7 @@ class RayCluster:
         self.dashboard_url = ""
         self._temp_root = os.path.join("/tmp", f"raydist-{self._uid}")
         self._deadline = time.monotonic() + spec.start_timeout_s
-        #: What this process's environment held before the cluster set its
-        #: own (connect/export_env); put back at down().
-        self._env_before: dict[str, str | None] | None = None
-        self._env_set: dict[str, str] = {}
+        self._process_env = ProcessEnv(self._token)  # what connect/export_env set here; put back at down()
 
     # ------------------------------------------------------------------ API
 
@@ -148,38 +145,14 @@ class RayCluster:
         token go into ``os.environ``, so ``ray.init()``, ``ray.init(address)``,
         ``ray.init(client_address)`` and subprocesses started later all reach
         it with no other call. ``down()`` puts back what was there before."""
-        self._set_env({"RAY_ADDRESS": self.address})
+        self._process_env.set({"RAY_ADDRESS": self.address})
 
-    def _set_env(self, extra: Mapping[str, str]) -> None:
-        values = {**self._token.env(), **extra}
-        if self._env_before is None:
-            self._env_before = {key: os.environ.get(key) for key in (*self._token.env(), "RAY_ADDRESS")}
-        activate_in_process(self._token)
-        os.environ.update(extra)
-        self._env_set.update(values)
-
-    def _restore_env(self) -> None:
-        """Put back what this process's environment held before the cluster
-        set its own (where nothing else changed it since), so that a Ray
-        cluster started later with other settings (another token, or none)
-        is not handed this one's."""
-        if self._env_before is None:
-            return
-        for key, value in self._env_set.items():
-            if os.environ.get(key) == value:
-                before = self._env_before.get(key)
-                if before is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = before
-        self._env_before, self._env_set = None, {}
-        reload_auth_in_process()
 
     def connect(self, **init_kwargs: Any) -> Any:
         """``ray.init`` against this cluster from this process."""
         import ray
 
-        self._set_env({})
+        self._process_env.set({})
         return ray.init(address=self.address, **init_kwargs)
 
     def start(self) -> RayCluster:
@@ -239,7 +212,7 @@ class RayCluster:
         with self._lock:
             nodes = [
                 NodeStatus(
-                    key=_HEAD,
+                    key=HEAD_KEY,
                     up=self._head_up,
                     host=self._head_link.host if self._head_link else "",
                     node_ip=self._head_link.node_ip if self._head_link else "",
@@ -305,7 +278,7 @@ class RayCluster:
                 return
             failed = self._state == State.FAILED
         self._disconnect_this_process()
-        self._restore_env()
+        self._process_env.restore()
         with self._lock:
             self._stopping.set()
             if not failed:
@@ -345,6 +318,8 @@ class RayCluster:
                 self._record(f"torn down after failure: {self._message}")
             else:
                 self._set_state(State.DELETED, "deleted")
+        if self._outbox is not None:
+            self._outbox.close()
 
     def _disconnect_this_process(self) -> None:
         """Close this process's Ray connection to the cluster before its nodes go."""
@@ -379,44 +354,12 @@ class RayCluster:
         self.dashboard_url = f"http://{head_ip}:{ports['dashboard']}" if spec.dashboard else ""
         self._channel = NodeChannel(head_ip, self._link_secret, self._on_link)
 
-        per_exec = max(1, cap.cores_per_executor // max(cpus, 1))
-        busiest = max(cap.hosts.values(), default=1)
-        nodes_on_host = busiest * per_exec + 1
-        common: dict[str, Any] = dict(
-            cluster=spec.name,
-            channel=(head_ip, self._channel.port),
-            link_secret=self._link_secret,
-            secret_env=self._token.env(),
-            gcs_address=self.address,
-            nodes_on_host=nodes_on_host,
-            jvm_bytes_on_host=busiest * cap.memory_per_executor,
-            ray_options=dict(spec.ray_start_options),
-            env=dict(spec.env),
-            deadline_s=spec.start_timeout_s,
-        )
-        head = NodePlan(
-            key=_HEAD,
-            head=True,
-            cpus=spec.head_cpus,
-            gpus=spec.head_gpus,
-            memory=spec.head_memory,  # type: ignore[arg-type]
-            object_store=spec.head_object_store,  # type: ignore[arg-type]
-            head_ports=ports,
-            temp_dir=self._temp_root,
-            node_ip=head_ip,
-            dashboard=spec.dashboard,
-            **common,
+        head, self._worker_plan = node_plans(
+            spec, cap, cpus, head_ip=head_ip, ports=ports, channel=(head_ip, self._channel.port),
+            link_secret=self._link_secret, secret_env=self._token.env(), temp_dir=self._temp_root,
         )
         self._record(f"starting head at {self.address}")
         self._head_proc = start_head(head, psutil.Process())
-        self._worker_plan = NodePlan(
-            key="",
-            cpus=cpus,
-            gpus=spec.gpus_per_worker,
-            memory=spec.memory_per_worker,  # type: ignore[arg-type]
-            object_store=spec.object_store_per_worker,  # type: ignore[arg-type]
-            **common,
-        )
         try:
             self._profile = spark_side.resource_profile(self._spark, cpus, spec.gpus_per_worker)
         except Exception as exc:  # noqa: BLE001 - stage-level scheduling is optional
@@ -466,7 +409,7 @@ class RayCluster:
 
     def _on_link(self, event: str, link: NodeLink) -> None:
         with self._lock:
-            if link.key == _HEAD:
+            if link.key == HEAD_KEY:
                 self._on_head(event, link)
                 return
             slot = next((s for s in self._slots if s.key == link.key), None)
@@ -547,12 +490,10 @@ class RayCluster:
         with self._lock:
             self._events.append((time.time(), message))
             self._changed.notify_all()
+            state = self._state.value
         log.info("cluster %s: %s", self.name, message)
-        if self._on_event is not None:
-            try:
-                self._on_event(self._state.value, message)
-            except Exception:  # noqa: BLE001 - a listener must not break the cluster
-                log.exception("event listener failed")
+        if self._outbox is not None:
+            self._outbox.put(state, message)  # delivered off this cluster's lock (see engine.outbox)
 
     def _wait_ready(self, deadline: float) -> None:
         with self._changed:

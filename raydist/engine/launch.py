@@ -19,13 +19,20 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from raydist.engine.sizing import node_size, visible_gpus
 
-__all__ = ["NodePlan", "spawn_supervisor", "run_worker_node", "route_ip", "ray_executable"]
+if TYPE_CHECKING:
+    from raydist.engine.spark import SparkCapacity
+    from raydist.spec import ClusterSpec
+
+__all__ = ["HEAD_KEY", "NodePlan", "node_plans", "spawn_supervisor", "run_worker_node", "route_ip", "ray_executable"]
+
+#: The head node's key on the node channel (workers are w0, w1...).
+HEAD_KEY = "head"
 
 
 @dataclass(frozen=True, repr=False)
@@ -58,6 +65,59 @@ class NodePlan:
 
     def __repr__(self) -> str:
         return f"NodePlan(cluster={self.cluster!r}, key={self.key!r}, head={self.head})"
+
+
+def node_plans(
+    spec: ClusterSpec,
+    cap: SparkCapacity,
+    cpus: int,
+    *,
+    head_ip: str,
+    ports: Mapping[str, int],
+    channel: tuple[str, int],
+    link_secret: str,
+    secret_env: Mapping[str, str],
+    temp_dir: str,
+) -> tuple[NodePlan, NodePlan]:
+    """The head's plan and the plan every worker's is made from (its key and
+    temp dir filled in per worker), for ``spec`` on Spark of ``cap`` with
+    ``cpus`` per worker node."""
+    per_exec = max(1, cap.cores_per_executor // max(cpus, 1))
+    busiest = max(cap.hosts.values(), default=1)
+    common: dict[str, Any] = dict(
+        cluster=spec.name,
+        channel=channel,
+        link_secret=link_secret,
+        secret_env=dict(secret_env),
+        gcs_address=f"{head_ip}:{ports['gcs']}",
+        nodes_on_host=busiest * per_exec + 1,
+        jvm_bytes_on_host=busiest * cap.memory_per_executor,
+        ray_options=dict(spec.ray_start_options),
+        env=dict(spec.env),
+        deadline_s=spec.start_timeout_s,
+    )
+    head = NodePlan(
+        key=HEAD_KEY,
+        head=True,
+        cpus=spec.head_cpus,
+        gpus=spec.head_gpus,
+        memory=spec.head_memory,  # type: ignore[arg-type]
+        object_store=spec.head_object_store,  # type: ignore[arg-type]
+        head_ports=dict(ports),
+        temp_dir=temp_dir,
+        node_ip=head_ip,
+        dashboard=spec.dashboard,
+        **common,
+    )
+    worker = NodePlan(
+        key="",
+        cpus=cpus,
+        gpus=spec.gpus_per_worker,
+        memory=spec.memory_per_worker,  # type: ignore[arg-type]
+        object_store=spec.object_store_per_worker,  # type: ignore[arg-type]
+        **common,
+    )
+    return head, worker
 
 
 def ray_executable() -> str:
