@@ -84,6 +84,11 @@ def test_watch_in_order_and_idempotent_create(server: Server) -> None:
     assert states[0] == pb.CREATING and states[-1] == pb.RUNNING, states
     client.delete("watched")
     client.delete("watched", allow_missing=True)  # idempotent
+    # The name is free again; a new create of it (a new request id, as the CLI
+    # sends) is checked against Spark's capacity like any other.
+    with pytest.raises(RPCError) as huge:
+        client.create(spec.replace(workers=50), request_id="req-3")
+    assert huge.value.code == "RESOURCE_EXHAUSTED"
     with pytest.raises(RPCError) as missing:
         client.delete("never-was")
     assert missing.value.code == "NOT_FOUND"

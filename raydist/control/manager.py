@@ -102,9 +102,17 @@ class ClusterManager:
     def create(self, spec_msg: Any, request_id: str) -> Any:
         spec = spec_from_proto(spec_msg)
         restart = bool(spec_msg.restart_on_server_restart)
-        if self._store.get(spec.name) is None or not request_id:
+        existing = self._store.get(spec.name)
+        retry = (
+            existing is not None
+            and bool(request_id)
+            and existing.request_id == request_id
+            and existing.state not in (State.DELETED.value, State.FAILED.value)
+        )
+        if not retry:
             # A cluster Spark can never fit is RESOURCE_EXHAUSTED now, not a
             # FAILED state later (the first create waits for Spark to start).
+            # Only a retry of a live create skips the check (it was done).
             from raydist.engine import spark as spark_side
 
             cap = spark_side.capacity(self.spark)
