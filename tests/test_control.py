@@ -190,6 +190,27 @@ def test_server_killed_then_restarted_reconciles(tmp_path: Path) -> None:
         assert srv.stop() == 0
 
 
+def test_a_cluster_that_asks_to_come_back_survives_a_rolling_restart(tmp_path: Path) -> None:
+    """SIGTERM (a rolling update) stops the cluster without forgetting it;
+    the next server starts it again once it serves."""
+    before = {p.pid for p in ray_processes()}
+    srv = Server(tmp_path, free_port()).start()
+    try:
+        srv.client().create(ClusterSpec(name="phoenix", workers=1, cpus_per_worker=1), restart_on_server_restart=True)
+        first = srv.client().wait("phoenix", timeout=180)
+        assert first.state == 2, first.message  # RUNNING
+        assert srv.stop() == 0
+        assert not wait_no_ray_processes(timeout=30, ignore=before), "orphans after the control plane stopped"
+        srv.start()
+        again = srv.client().wait("phoenix", timeout=240)
+        assert again.state == 2, again.message  # RUNNING again
+        assert again.address != first.address
+        srv.client().delete("phoenix")
+    finally:
+        srv.stop()
+    assert not wait_no_ray_processes(timeout=30, ignore=before)
+
+
 def test_token_over_tls(tmp_path: Path) -> None:
     if not shutil.which("openssl"):
         pytest.skip("openssl is not installed")

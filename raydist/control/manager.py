@@ -147,15 +147,7 @@ class ClusterManager:
             engine.start()
         except Exception as exc:  # noqa: BLE001 - the reason goes to the store and the watchers
             log.warning("cluster %s failed to start: %s", spec.name, exc)
-            with self._lock:
-                self._engines.pop(spec.name, None)
-                current = self._store.get(spec.name)
-                if current is not None and current.state != State.DELETED.value:
-                    current.state = State.FAILED.value
-                    current.message = str(exc)[:2000]
-                    self._store.put(current)
-                    self._store.add_event(spec.name, current.state, current.message)
-                    self._refresh(current)
+            self._fail(spec.name, str(exc))
             return
         self._sync(spec.name)
 
@@ -207,39 +199,83 @@ class ClusterManager:
     # restart and shutdown ---------------------------------------------------
 
     def reconcile(self) -> list[str]:
-        """After a restart: every cluster the last server ran is either started
-        again (its spec asks for it) or marked FAILED with the reason. The old
-        server's Ray processes died with it (their supervisors watch it)."""
-        restarted = []
+        """After a restart, before serving: every cluster the last server ran
+        is marked CREATING when its spec asks to come back (returned, for
+        :meth:`restart`), else FAILED with the reason; no row is dropped. The
+        old server's Ray processes died with it (their supervisors watch it).
+        Store writes only: it does not wait for Spark."""
+        restart = []
         for row in self._store.list(limit=1_000_000):
-            if row.state in (State.DELETED.value, State.FAILED.value):
-                self._refresh(row)
-                continue
-            if row.restart:
-                spec = ClusterSpec.from_dict(row.spec)
-                msg = spec_to_proto(spec)
-                msg.restart_on_server_restart = True
-                self._store.delete(row.name)
-                self._store.add_event(row.name, State.CREATING.value, "control plane restarted; starting again")
-                self.create(msg, row.request_id)
-                restarted.append(row.name)
-            else:
-                row.state = State.FAILED.value
-                row.message = "the control plane restarted; the cluster's Ray processes were stopped with it"
+            if row.state not in (State.DELETED.value, State.FAILED.value):
+                if row.restart:
+                    row.state, row.message = State.CREATING.value, "control plane restarted; starting again"
+                    restart.append(row.name)
+                else:
+                    row.state = State.FAILED.value
+                    row.message = "the control plane restarted; the cluster's Ray processes were stopped with it"
                 row.ready_workers = 0
+                row.address = row.client_address = row.dashboard_url = ""
                 self._store.put(row)
                 self._store.add_event(row.name, row.state, row.message)
-                self._refresh(row)
-        return restarted
+            self._refresh(row)
+        return restart
+
+    def restart(self, names: list[str]) -> None:
+        """Start again the clusters :meth:`reconcile` marked (in the
+        background, once the server serves). One that Spark cannot fit, or
+        that fails to start, is FAILED with the reason; its row stays."""
+        from raydist.engine import spark as spark_side
+
+        for name in names:
+            row = self._store.get(name)
+            if row is None or row.state != State.CREATING.value:
+                continue  # deleted meanwhile
+            spec = ClusterSpec.from_dict(row.spec)
+            try:
+                cap = spark_side.capacity(self.spark)
+                spark_side.check_fits(spec, cap, spec.cpus_per_worker or cap.cores_per_executor)
+            except Exception as exc:  # noqa: BLE001 - the reason goes to the row, the server keeps serving
+                self._fail(name, f"could not start again after the control plane restarted: {exc}")
+                continue
+            threading.Thread(target=self._start, args=(spec, row), name=f"raydist-restart-{name}", daemon=True).start()
+
+    def _fail(self, name: str, message: str) -> None:
+        with self._lock:
+            self._engines.pop(name, None)
+            current = self._store.get(name)
+            if current is not None and current.state != State.DELETED.value:
+                current.state = State.FAILED.value
+                current.message = message[:2000]
+                self._store.put(current)
+                self._store.add_event(name, current.state, current.message)
+                self._refresh(current)
 
     def shutdown(self) -> None:
+        """Stop every cluster's processes. A cluster whose spec asks to come
+        back stays CREATING in the store (the next server starts it again);
+        the others are FAILED with the reason, not DELETED: nobody deleted
+        them."""
         with self._lock:
-            names = list(self._engines)
-        for name in names:
+            engines, self._engines = dict(self._engines), {}
+        for name, engine in engines.items():
             try:
-                self.delete(name, allow_missing=True)
+                engine.down()
             except Exception:  # noqa: BLE001 - tear down as much as possible
                 log.exception("tearing down %s", name)
+            with self._lock:
+                row = self._store.get(name)
+                if row is None or row.state in (State.DELETED.value, State.DELETING.value):
+                    continue
+                if row.restart:
+                    row.state = State.CREATING.value
+                    row.message = "stopped with the control plane; starts again with it"
+                else:
+                    row.state, row.message = State.FAILED.value, "the control plane stopped, and its clusters with it"
+                row.ready_workers = 0
+                row.address = row.client_address = row.dashboard_url = ""
+                self._store.put(row)
+                self._store.add_event(name, row.state, row.message)
+                self._refresh(row)
         if self._spark is not None:
             self._spark.stop()
 

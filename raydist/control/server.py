@@ -258,9 +258,9 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
     # Spark starts in the background (it takes seconds): reads, deletes and
     # health answer at once; a create waits for it off the event loop.
     threading.Thread(target=_start_spark, args=(manager,), name="raydist-spark-start", daemon=True).start()
-    restarted = await asyncio.to_thread(manager.reconcile)
-    if restarted:
-        log.info("restarting clusters after a control-plane restart: %s", ", ".join(restarted))
+    # Before serving, the store tells the truth (store writes only); the
+    # clusters that come back start once the server serves.
+    restart = await asyncio.to_thread(manager.reconcile)
 
     server = grpc.aio.server(interceptors=[_AuthInterceptor(token, metrics)],
                              options=[("grpc.max_receive_message_length", 1 << 20)])
@@ -290,6 +290,9 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
     info = {"address": bound, "pid": os.getpid(), "tls": bool(config.tls_cert), "metrics_port": metrics_port}
     private_file(state_dir / SERVER_FILE, json.dumps(info))
     log.info("raydist control plane serving on %s", bound)
+    if restart:
+        log.info("starting again after a control-plane restart: %s", ", ".join(restart))
+        threading.Thread(target=manager.restart, args=(restart,), name="raydist-restart", daemon=True).start()
     if ready is not None:
         ready(bound)
 
