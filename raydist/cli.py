@@ -16,11 +16,12 @@ import time
 import uuid
 from typing import Any
 
+import psutil
 from rich.console import Console
 from rich.table import Table
 
 from raydist import __version__
-from raydist.errors import ControlPlaneUnavailableError, RaydistError
+from raydist.errors import ControlPlaneUnavailableError, HomeInUseError, RaydistError
 
 err = Console(stderr=True)
 out = Console()
@@ -136,13 +137,17 @@ def _start_local_server() -> str:
     deadline = time.monotonic() + 180
     with err.status("starting the control plane (Spark first)..."):
         while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise ControlPlaneUnavailableError(f"the control plane exited with {proc.returncode}; see {log_path}")
+            exited = proc.poll()
+            # Another `raydist up` may have started one at the same moment: its
+            # server holds the home (ours exits with HomeInUseError's code), so
+            # use that one once it serves.
+            if exited is not None and exited != HomeInUseError.EXIT_CODE:
+                raise ControlPlaneUnavailableError(f"the control plane exited with {exited}; see {log_path}")
             try:
                 info = json.loads((state / "server.json").read_text())
-                if info.get("pid") == proc.pid:
+                if info.get("pid") == proc.pid or (exited is not None and psutil.pid_exists(int(info["pid"]))):
                     return str(info["address"])
-            except (OSError, ValueError):
+            except (OSError, ValueError, KeyError, TypeError):
                 pass
             time.sleep(0.2)
     raise ControlPlaneUnavailableError(f"the control plane did not start within 180 s; see {log_path}")
@@ -311,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         from raydist.errors import SpecError
 
         err.print(f"[red]error:[/red] {exc}")
+        if isinstance(exc, HomeInUseError):
+            return HomeInUseError.EXIT_CODE
         return 2 if isinstance(exc, SpecError) else 1
     except KeyboardInterrupt:
         err.print("interrupted; the control plane keeps going: check with `raydist status`")

@@ -148,6 +148,30 @@ class ClusterFailedError(RaydistError, RuntimeError):
     as Spark's distributors raise for a failed run."""
 
 
+class HomeInUseError(RaydistError):
+    """Another control plane already serves this ``RAYDIST_HOME``: two would
+    overwrite each other's store and tell each other's clusters apart wrong.
+
+    Attributes:
+        home: the directory.
+        other: which server holds it, when known.
+    """
+
+    #: The exit code of a ``raydist serve`` that found its home in use.
+    EXIT_CODE = 3
+
+    def __init__(self, home: str, other: str = "") -> None:
+        self.home = home
+        self.other = other
+        super().__init__(
+            f"another raydist control plane serves RAYDIST_HOME={home}{other}; "
+            "use it (RAYDIST_ADDRESS), stop it, or give this one another RAYDIST_HOME"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.__class__, (self.home, self.other))
+
+
 class AuthenticationError(RaydistError):
     """A credential was missing or wrong. The message never contains it."""
 

@@ -157,6 +157,14 @@ def test_bad_input_is_invalid_argument_and_server_stays_healthy(server: Server, 
     assert server.client().server_info().version
 
 
+def test_a_second_server_on_the_same_home_refuses_with_the_reason(server: Server) -> None:
+    second = server.cli("serve", "--port", str(free_port()), timeout=120)
+    assert second.returncode == 3
+    assert f"RAYDIST_HOME={server.home}" in second.stderr
+    assert str(server.proc.pid) in second.stderr  # names the server that holds it
+    assert server.client().server_info().version  # the first one is untouched
+
+
 def test_cli_usage_errors(server: Server) -> None:
     bad = server.cli("up", "Not_A_Name", "-w", "1")
     assert bad.returncode == 2 and "name" in bad.stderr and "DNS label" in bad.stderr

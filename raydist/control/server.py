@@ -33,7 +33,7 @@ from raydist.control.manager import ClusterManager, _ts
 from raydist.control.status import code_for
 from raydist.control.store import Store
 from raydist.errors import RaydistError
-from raydist.paths import home, private_file
+from raydist.paths import hold_home, home, private_file
 
 __all__ = ["ServerConfig", "serve", "load_or_create_server_token", "SERVER_FILE"]
 
@@ -249,6 +249,7 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
         loop.call_soon_threadsafe(lambda: asyncio.ensure_future(bump()))
 
     state_dir = home()
+    home_lock = hold_home(state_dir)  # one control plane per home, held until this process ends
     store = Store(state_dir / "state.db")
     manager = ClusterManager(store, lambda: embedded_session(config.spark_master, config.spark_conf), notify,
                              head_ports=config.head_ports)
@@ -318,4 +319,5 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
             (state_dir / SERVER_FILE).unlink()
     except (OSError, ValueError):
         pass
+    os.close(home_lock)
     return 0
