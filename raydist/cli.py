@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     except RaydistError as exc:
         from raydist.errors import SpecError
 
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {exc}", soft_wrap=True)  # one line per line: paths stay whole
         if isinstance(exc, HomeInUseError):
             return HomeInUseError.EXIT_CODE
         return 2 if isinstance(exc, SpecError) else 1
