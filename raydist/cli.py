@@ -64,6 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--tls-key")
     s.add_argument("--tls-client-ca", help="require client certificates signed by this CA (mTLS)")
     s.add_argument("--metrics-port", type=int, help="Prometheus port (0 picks one, -1 turns it off)")
+    s.add_argument("--idle-stop-s", type=float, help="stop after this many seconds without a cluster (0: never)")
+    s.add_argument("--stop", action="store_true", help="stop the control plane serving RAYDIST_HOME, then exit")
 
     u = sub.add_parser("up", help="create a cluster and wait until it is ready")
     u.add_argument("name")
@@ -120,6 +122,35 @@ def _client(args: argparse.Namespace, start_local: bool = False) -> Any:
     return Client(_start_local_server())
 
 
+#: How long a control plane that `raydist up` started waits without a
+#: cluster before it stops itself (it holds a Spark application).
+LOCAL_IDLE_STOP_S = 600
+
+
+def _stop_server() -> int:
+    """`raydist serve --stop`: SIGTERM the control plane of RAYDIST_HOME and
+    wait until it has torn its clusters down and exited."""
+    import signal
+
+    from raydist.paths import home
+
+    try:
+        info = json.loads((home() / "server.json").read_text())
+        proc = psutil.Process(int(info["pid"]))
+    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+        out.print("no control plane is running for this RAYDIST_HOME")
+        return 0
+    proc.send_signal(signal.SIGTERM)
+    with err.status(f"stopping the control plane (pid {proc.pid}) and its clusters..."):
+        try:
+            proc.wait(timeout=180)
+        except psutil.TimeoutExpired:
+            err.print(f"[red]error:[/red] the control plane (pid {proc.pid}) did not stop within 180 s")
+            return 1
+    out.print(f"stopped the control plane that served {info.get('address')}")
+    return 0
+
+
 def _start_local_server() -> str:
     """Start `raydist serve` in the background, as `ray start` does, and wait for it."""
     from raydist.engine.ports import free_port
@@ -131,7 +162,8 @@ def _start_local_server() -> str:
     err.print(f"[dim]no control plane running; starting one on 127.0.0.1:{port} (log: {log_path})[/dim]")
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "raydist.cli", "serve", "--port", str(port)],
+            [sys.executable, "-m", "raydist.cli", "serve", "--port", str(port),
+             "--idle-stop-s", str(LOCAL_IDLE_STOP_S)],
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True,
         )
     deadline = time.monotonic() + 180
@@ -197,12 +229,15 @@ def _table(clusters: list[Any]) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
 
+    if args.stop:
+        return _stop_server()
+
     from raydist.control.server import ServerConfig, serve
 
     cfg = ServerConfig.load(args.config).merged(
         host=args.host, port=args.port, spark_master=args.spark_master, tls_cert=args.tls_cert,
         tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, metrics_port=args.metrics_port,
-        spark_conf=dict(args.spark_conf) or None,
+        spark_conf=dict(args.spark_conf) or None, idle_stop_s=args.idle_stop_s,
     )
     return asyncio.run(serve(cfg, ready=lambda addr: print(f"raydist control plane ready on {addr}", flush=True)))
 
@@ -272,7 +307,21 @@ def cmd_down(args: argparse.Namespace) -> int:
     else:
         for c in results:
             out.print(f"{c.spec.name}: {pb.State.Name(c.state)}")
+        _say_when_local_server_stops()
     return 0
+
+
+def _say_when_local_server_stops() -> None:
+    """After `down`: a control plane `raydist up` started stops by itself."""
+    from raydist.paths import home
+
+    try:
+        idle = float(json.loads((home() / "server.json").read_text()).get("idle_stop_s") or 0)
+    except (OSError, ValueError, TypeError):
+        return
+    if idle > 0:
+        err.print(f"[dim]the control plane stops itself after {idle:g} s without clusters; "
+                  "`raydist serve --stop` stops it now[/dim]")
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -219,6 +219,27 @@ def test_a_cluster_that_asks_to_come_back_survives_a_rolling_restart(tmp_path: P
     assert not wait_no_ray_processes(timeout=30, ignore=before)
 
 
+def test_an_idle_control_plane_stops_itself_and_serve_stop_stops_one(tmp_path: Path) -> None:
+    idle = Server(tmp_path / "idle", free_port(), extra=["--idle-stop-s", "2"])
+    (tmp_path / "idle").mkdir()
+    idle.start()
+    try:
+        assert idle.proc.wait(timeout=120) == 0  # no cluster for 2 s: it stopped by itself
+    finally:
+        idle.stop()
+    busy = Server(tmp_path / "busy", free_port())
+    (tmp_path / "busy").mkdir()
+    busy.start()
+    try:
+        stopped = busy.cli("serve", "--stop", timeout=240)
+        assert stopped.returncode == 0 and "stopped the control plane" in stopped.stdout, stopped.stderr
+        assert busy.proc.poll() == 0
+        again = busy.cli("serve", "--stop")
+        assert again.returncode == 0 and "no control plane is running" in again.stdout
+    finally:
+        busy.stop()
+
+
 def test_token_over_tls(tmp_path: Path) -> None:
     if not shutil.which("openssl"):
         pytest.skip("openssl is not installed")

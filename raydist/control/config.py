@@ -40,7 +40,8 @@ __all__ = ["CONFIG_ENV", "ServerConfig"]
 #: Environment variable naming the configuration file.
 CONFIG_ENV = "RAYDIST_CONFIG"
 
-_SERVER_KEYS = {"host": str, "port": int, "metrics_port": int, "grace_s": float, "tls_cert": str, "tls_key": str,
+_SERVER_KEYS = {"host": str, "port": int, "metrics_port": int, "grace_s": float, "idle_stop_s": float,
+                "tls_cert": str, "tls_key": str,
                 "tls_client_ca": str}
 _KIND_WORDS = {str: "a string", int: "a whole number", float: "a number"}
 #: `[ray] <name>_port` for each head port the engine lets a deployment pin.
@@ -56,6 +57,8 @@ class ServerConfig:
             purpose, e.g. ``0.0.0.0`` in a pod).
         metrics_port: Prometheus port; 0 picks a free one, -1 turns it off.
         grace_s: how long in-flight RPCs may finish on SIGTERM.
+        idle_stop_s: stop after this long without a cluster (0: never). The
+            control plane that ``raydist up`` starts for you uses 600 s.
         tls_cert / tls_key / tls_client_ca: TLS, and mTLS with a client CA.
         spark_master: the Spark target; an embedded ``local-cluster`` when unset.
         spark_conf: Spark settings for the server's SparkSession.
@@ -72,6 +75,7 @@ class ServerConfig:
     tls_client_ca: str | None = None
     metrics_port: int = 0
     grace_s: float = 10.0
+    idle_stop_s: float = 0.0
     spark_conf: dict[str, str] = field(default_factory=dict)
     head_ports: dict[str, int] = field(default_factory=dict)
 
@@ -86,8 +90,10 @@ class ServerConfig:
                 raise SpecError(f"ray.{name}_port", port, "an integer port from 1 to 65535")
             if 10002 <= port <= 19999:
                 raise SpecError(f"ray.{name}_port", port, "a port outside Ray's worker ports 10002-19999")
-        if self.grace_s < 0:
-            raise SpecError("server.grace_s", self.grace_s, "seconds >= 0")
+        for name in ("grace_s", "idle_stop_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e9:
+                raise SpecError(f"server.{name}", value, "seconds >= 0 (a finite number)")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise SpecError("server.tls_cert" if not self.tls_cert else "server.tls_key", None,
                             "give tls_cert and tls_key together")

@@ -288,7 +288,8 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
     for name in ("", pb.DESCRIPTOR.services_by_name["ClusterService"].full_name):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     metrics_port = metrics.start(config.host, config.metrics_port) if config.metrics_port >= 0 else 0
-    info = {"address": bound, "pid": os.getpid(), "tls": bool(config.tls_cert), "metrics_port": metrics_port}
+    info = {"address": bound, "pid": os.getpid(), "tls": bool(config.tls_cert), "metrics_port": metrics_port,
+            "idle_stop_s": config.idle_stop_s}
     private_file(state_dir / SERVER_FILE, json.dumps(info))
     log.info("raydist control plane serving on %s", bound)
     if restart:
@@ -302,8 +303,16 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
         loop.add_signal_handler(sig, stop.set)
 
     async def gauges() -> None:
+        idle_since = time.monotonic()
         while not stop.is_set():
             metrics.refresh_gauges()
+            if config.idle_stop_s > 0:
+                live = sum(n for state, n in manager.states().items() if state not in ("DELETED", "FAILED"))
+                if live:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since >= config.idle_stop_s:
+                    log.info("no cluster for %g s: stopping (idle_stop_s)", config.idle_stop_s)
+                    stop.set()
             await asyncio.sleep(1.0)
 
     gauge_task = asyncio.create_task(gauges())
