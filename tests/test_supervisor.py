@@ -25,8 +25,11 @@ TREE = (
 )
 
 
-def _start(channel: NodeChannel, secret: str, watch: list[psutil.Process]) -> subprocess.Popen[bytes]:
+def _start(
+    channel: NodeChannel, secret: str, watch: list[psutil.Process], temp_dir: str = ""
+) -> subprocess.Popen[bytes]:
     cfg = {
+        "temp_dir": temp_dir,
         "key": "w0",
         "channel": [channel.host, channel.port],
         "secret": secret,
@@ -85,9 +88,11 @@ def channel() -> tuple[NodeChannel, Recorder, str]:
     ch.close()
 
 
-def test_stop_from_driver_kills_the_whole_tree(channel) -> None:
+def test_stop_from_driver_kills_the_whole_tree_and_removes_the_temp_dir(channel, tmp_path) -> None:
     ch, rec, secret = channel
-    sup = _start(ch, secret, [])
+    node_dir = tmp_path / "raydist-node"
+    (node_dir / "session_latest" / "logs").mkdir(parents=True)
+    sup = _start(ch, secret, [], str(node_dir))
     assert rec.wait("started")
     tree = _descendants(sup.pid)
     assert len(tree) >= 3, tree
@@ -95,6 +100,7 @@ def test_stop_from_driver_kills_the_whole_tree(channel) -> None:
     assert sup.wait(timeout=15) == 0
     assert rec.wait("stopped")
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not node_dir.exists()  # the node's Ray session goes with it
 
 
 def test_death_of_watched_process_kills_the_tree(channel) -> None:

@@ -210,6 +210,7 @@ def spawn_supervisor(plan: NodePlan, *, argv: list[str], node_ip: str, env: Mapp
         "deadline_s": plan.deadline_s,
         "info": dict(info),
         "log_path": os.path.join(plan.temp_dir, f"raydist-{plan.key}.log") if plan.temp_dir else "",
+        "temp_dir": plan.temp_dir,
     }
     if plan.temp_dir:
         os.makedirs(plan.temp_dir, mode=0o700, exist_ok=True)

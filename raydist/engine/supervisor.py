@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -234,6 +235,11 @@ class Supervisor:
             code = 2
         finally:
             kill_descendants()
+            temp_dir = self.cfg.get("temp_dir")
+            if temp_dir:
+                # The node's Ray session (logs, sockets, spilled objects): on an
+                # executor host nothing else would ever remove it.
+                shutil.rmtree(temp_dir, ignore_errors=True)
             self.emit({"type": "stopped", "code": code, "reason": self.reason, "log_tail": []})
             if self.sock is not None:
                 try:
