@@ -59,3 +59,20 @@ def test_embedded_master_leaves_room(cpus: int, execs: int) -> None:
     n, c, m = (int(x) for x in master[len("local-cluster["):-1].split(","))
     assert n == execs and c >= 1 and 1024 <= m <= 8192
     assert n * c <= max(cpus - 1, n)
+
+
+def test_memory_is_the_containers_limit_when_lower(tmp_path) -> None:
+    from raydist.engine.sizing import memory_limit
+
+    host = 64 << 30
+    v2 = tmp_path / "memory.max"
+    v2.write_text(f"{8 << 30}\n")
+    assert memory_limit(host, [str(v2)]) == 8 << 30
+    v2.write_text("max\n")
+    assert memory_limit(host, [str(v2)]) == host  # no limit
+    v2.write_text(f"{128 << 30}\n")
+    assert memory_limit(host, [str(v2)]) == host  # a limit above the host's memory is no limit
+    v1 = tmp_path / "memory.limit_in_bytes"
+    v1.write_text(f"{4 << 30}\n")
+    assert memory_limit(host, [str(tmp_path / "absent"), str(v1)]) == 4 << 30
+    assert memory_limit(host, [str(tmp_path / "absent")]) == host

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from raydist.engine.sizing import node_size, visible_gpus
+from raydist.engine.sizing import memory_limit, node_size, visible_gpus
 
 if TYPE_CHECKING:
     from raydist.engine.spark import SparkCapacity
@@ -239,7 +239,7 @@ def start_head(plan: NodePlan, driver: psutil.Process) -> subprocess.Popen[bytes
     """Start the head node on this (the driver's) host, watched by the driver."""
     node_ip = plan.node_ip or "127.0.0.1"
     size = node_size(
-        host_memory=psutil.virtual_memory().total,
+        host_memory=memory_limit(psutil.virtual_memory().total),
         shm_bytes=_shm_bytes(),
         nodes_on_host=plan.nodes_on_host,
         jvm_bytes_on_host=plan.jvm_bytes_on_host,
@@ -280,7 +280,7 @@ def run_worker_node(plan: NodePlan, _partition: Iterator[Any]) -> Iterator[str]:
         cuda = ""  # a CPU node must not see the executor's GPUs
     node_ip = route_ip(plan.channel[0])
     size = node_size(
-        host_memory=psutil.virtual_memory().total,
+        host_memory=memory_limit(psutil.virtual_memory().total),
         shm_bytes=_shm_bytes(),
         nodes_on_host=plan.nodes_on_host,
         jvm_bytes_on_host=plan.jvm_bytes_on_host,

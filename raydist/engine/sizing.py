@@ -12,12 +12,34 @@ from raydist.errors import SpecError
 from raydist.spec import MIN_OBJECT_STORE
 
 __all__ = [
+    "memory_limit",
     "NodeSize",
     "node_size",
     "visible_gpus",
     "embedded_master",
     "RAY_WORKER_PORTS",
 ]
+
+#: Where a container's memory limit is read: cgroup v2, then v1.
+CGROUP_MEMORY_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def memory_limit(host_total: int, files: Sequence[str] = CGROUP_MEMORY_FILES) -> int:
+    """The memory this process may use: the host's total, or the container's
+    cgroup limit when it is lower (in a Kubernetes pod the host is the node,
+    and sizing from it would get the pod killed). ``max`` or an unreadable
+    file means no limit."""
+    for path in files:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < host_total:
+            return int(text)
+        return host_total  # the first file present decides (v2 "max": no limit)
+    return host_total
+
 
 #: Ray hands its workers ports from this range by default; a port raydist
 #: picks for anything else (GCS, client server, dashboard) must lie outside it
