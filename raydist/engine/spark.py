@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from raydist.engine.sizing import embedded_master
+from raydist.engine.sizing import embedded_master, memory_limit
 from raydist.errors import CapacityError
 from raydist.spec import ClusterSpec, parse_size
 
@@ -50,7 +50,7 @@ def embedded_session(master: str | None = None, conf: Mapping[str, str] | None =
     from pyspark.sql import SparkSession
 
     master = master or os.environ.get("RAYDIST_SPARK_MASTER") or embedded_master(
-        os.cpu_count() or 2, psutil.virtual_memory().total
+        os.cpu_count() or 2, memory_limit(psutil.virtual_memory().total)
     )
     # PySpark starts executor Python workers with PYSPARK_PYTHON (read when the
     # SparkContext is created); they must run this interpreter, which has Ray
