@@ -158,6 +158,32 @@ def test_broken_head_fails_with_its_log(spark, no_leftover_ray) -> None:
     assert "resources" in str(err.value).lower()
 
 
+def test_a_teardown_while_the_head_starts_leaves_nothing(spark, no_leftover_ray) -> None:
+    from raydist.engine.cluster import RayCluster
+    from raydist.spec import ClusterSpec
+
+    cluster = RayCluster(ClusterSpec(name="hasty", workers=2, cpus_per_worker=1), spark)
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            cluster.start()
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            failed.append(e)
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not any("starting head" in m for _, m in cluster.events()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    cluster.down()
+    thread.join(120)
+    assert not thread.is_alive()
+    assert cluster.state == State.DELETED  # not back to RUNNING
+    assert failed and isinstance(failed[0], ClusterFailedError) and "torn down while it started" in str(failed[0])
+    # no_leftover_ray: no head or worker outlives the teardown
+
+
 def test_start_timeout_names_pending_nodes() -> None:
     err = NodeStartTimeoutError(2, 1, 30, {"w1": ["line a", "raylet failed: port in use"]})
     text = str(err)

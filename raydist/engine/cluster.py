@@ -90,6 +90,7 @@ class RayCluster:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._stopping = threading.Event()
+        self._launching = threading.RLock()  # held by launch(); down() on its failure path re-enters
         self._state = State.CREATING
         self._message = "starting"
         self._created = time.time()
@@ -177,11 +178,16 @@ class RayCluster:
         cpus = spec.cpus_per_worker or cap.cores_per_executor
         spark_side.check_fits(spec, cap, cpus)
         self._deadline = time.monotonic() + spec.start_timeout_s
-        try:
-            self._launch(cap, cpus)
-        except BaseException:
-            self.down()
-            raise
+        # down() waits for a launch in progress, and a launch after down()
+        # starts nothing: a delete while the head starts leaves no node behind.
+        with self._launching:
+            if self._stopping.is_set():
+                raise ClusterFailedError(f"cluster {self.name!r} was torn down while it started")
+            try:
+                self._launch(cap, cpus)
+            except BaseException:
+                self.down()
+                raise
         return self
 
     def wait_head(self) -> None:
@@ -283,6 +289,8 @@ class RayCluster:
             self._stopping.set()
             if not failed:
                 self._set_state(State.DELETING, "tearing down")
+        with self._launching:
+            pass  # a launch in progress finishes first; what it started is torn down below
         deadline = time.monotonic() + timeout
         channel = self._channel
         if channel is not None:
@@ -506,6 +514,8 @@ class RayCluster:
                 self._changed.wait(min(left, 0.5))
             if self._state in (State.RUNNING, State.DEGRADED):
                 return
+            if self._stopping.is_set() and self._state != State.FAILED:
+                raise ClusterFailedError(f"cluster {self.name!r} was torn down while it started")
             if not self._head_up:
                 raise ClusterFailedError(
                     f"the Ray head of {self.name!r} did not start:\n  " + "\n  ".join(self._head_tail())
