@@ -49,9 +49,15 @@ def test_each_run_sees_the_drivers_current_environment_and_directory(local, tmp_
 
 def test_a_dead_rank_fails_the_run(local) -> None:
     import signal
+    import time
 
-    with pytest.raises(ClusterFailedError, match="rank 0 was killed by SIGKILL"):
-        local.run(lambda: os.kill(os.getpid(), signal.SIGKILL), 2)
+    def dies_on_rank_1() -> None:
+        if os.environ["RANK"] == "1":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)  # rank 0 would wait for rank 1 forever: it is stopped
+
+    with pytest.raises(ClusterFailedError, match="rank 1 was killed by SIGKILL"):
+        local.run(dies_on_rank_1, 2)
     assert local.run(lambda: 7, 1) == 7  # the forker stays usable
 
 
