@@ -62,6 +62,8 @@ MANAGED_RAY_OPTIONS = frozenset(
     }
 )
 _RESERVED_ENV_PREFIXES = ("RAY_AUTH_", "RAYDIST_")
+#: Environment that makes the dynamic loader run code in every process.
+_LOADER_ENV = frozenset({"LD_PRELOAD", "LD_AUDIT"})
 
 
 def parse_size(value: int | float | str | None, field_name: str) -> int | None:
@@ -110,6 +112,8 @@ def _frozen_str_map(
         if not isinstance(v, (str, int, float)):
             raise SpecError(f"{field_name}[{k!r}]", v, "values must be strings or numbers")
         sv = str(v)
+        if "\x00" in sv:
+            raise SpecError(f"{field_name}[{k!r}]", sv[:40], "values cannot hold NUL bytes")
         if len(sv) > MAX_VALUE_LEN:
             raise SpecError(f"{field_name}[{k!r}]", sv[:40] + "...", f"values are at most {MAX_VALUE_LEN} characters")
         out[k] = sv
@@ -246,6 +250,9 @@ class ClusterSpec:
         for key in env:
             if key.startswith(_RESERVED_ENV_PREFIXES):
                 raise SpecError("env", key, "RAY_AUTH_* and RAYDIST_* are set by raydist itself")
+            if key in _LOADER_ENV:
+                raise SpecError("env", key, "the dynamic loader's settings would run code in every Ray process; "
+                                "install what you need in the image or the executors' Python instead")
         put("env", env)
 
         t = self.start_timeout_s

@@ -143,3 +143,13 @@ def test_a_trailing_newline_is_not_a_valid_name_or_key(field: str, value: object
     fields = {"name": "demo", field: value}
     with pytest.raises(SpecError, match=field):
         ClusterSpec(**fields)
+
+
+@pytest.mark.parametrize(
+    "env, why",
+    [({"LD_PRELOAD": "/tmp/x.so"}, "dynamic loader"), ({"LD_AUDIT": "x"}, "dynamic loader"),
+     ({"PATH": "a\x00b"}, "NUL")],
+)
+def test_env_that_would_run_code_or_break_exec_is_refused(env: dict, why: str) -> None:
+    with pytest.raises(SpecError, match=why):
+        ClusterSpec(name="demo", env=env)

@@ -85,6 +85,16 @@ class ServerConfig:
             low = -1 if name == "metrics_port" else 0
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 65535:
                 raise SpecError(f"server.{name}", value, f"an integer port from {low} to 65535")
+        if not isinstance(self.host, str) or not self.host.strip():
+            raise SpecError("server.host", self.host, "an address to listen on, such as 127.0.0.1 or 0.0.0.0")
+        taken: dict[int, str] = {}
+        named = [("server.port", self.port), ("server.metrics_port", self.metrics_port)]
+        named += [(f"ray.{name}_port", port) for name, port in self.head_ports.items()]
+        for label, port in named:
+            if isinstance(port, int) and not isinstance(port, bool) and port > 0:
+                if port in taken:
+                    raise SpecError(label, port, f"a port of its own; {taken[port]} uses it already")
+                taken[port] = label
         for name, port in self.head_ports.items():
             if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
                 raise SpecError(f"ray.{name}_port", port, "an integer port from 1 to 65535")
