@@ -76,3 +76,17 @@ def test_memory_is_the_containers_limit_when_lower(tmp_path) -> None:
     v1.write_text(f"{4 << 30}\n")
     assert memory_limit(host, [str(tmp_path / "absent"), str(v1)]) == 4 << 30
     assert memory_limit(host, [str(tmp_path / "absent")]) == host
+
+
+def test_an_elastic_cluster_cannot_ask_for_more_than_spark_can_ever_run() -> None:
+    from raydist.engine.spark import SparkCapacity, check_fits
+    from raydist.errors import CapacityError
+    from raydist.spec import ClusterSpec
+
+    cap = SparkCapacity(executors=2, cores_per_executor=2, gpus_per_executor=0, memory_per_executor=1 << 30,
+                        dynamic=False, hosts={"h": 2})
+    check_fits(ClusterSpec(name="ok", min_workers=0, max_workers=4), cap, 1)
+    with pytest.raises(CapacityError, match="max_workers <= 4"):
+        check_fits(ClusterSpec(name="huge", min_workers=0, max_workers=4096), cap, 1)
+    with pytest.raises(CapacityError, match="workers <= 4"):
+        check_fits(ClusterSpec(name="big", workers=5), cap, 1)

@@ -243,6 +243,14 @@ def check_fits(spec: ClusterSpec, cap: SparkCapacity, cpus: int) -> None:
             f"ask for gpus_per_worker <= {cap.gpus_per_executor:g}",
         )
     slots = cap.slots(cpus, spec.gpus_per_worker)
+    if spec.desired_workers > slots and spec.required_workers <= slots:
+        # An elastic cluster may not ask for more nodes than Spark can ever
+        # run: each would hold a thread and a Spark job waiting forever.
+        raise CapacityError(
+            f"max_workers={spec.desired_workers} x {cpus} CPU",
+            f"{cap.executors} executors of {cap.cores_per_executor} cores fit {slots} such workers",
+            f"ask for max_workers <= {slots}",
+        )
     if spec.required_workers > slots:
         raise CapacityError(
             f"{spec.required_workers} workers x {cpus} CPU"
