@@ -173,6 +173,11 @@ def up(
         memory_per_worker=memory_per_worker,
         **spec_fields,
     )
+    if spark is not None and spec.spark_conf:
+        from raydist.errors import SpecError
+
+        raise SpecError("spark_conf", sorted(spec.spark_conf),
+                        "settings for a SparkSession raydist creates; yours runs already: set them on it")
     if address is not None:
         from raydist.control.client import Client
         from raydist.control.remote import RemoteCluster

@@ -75,8 +75,6 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--cpus-per-worker", type=int)
     u.add_argument("--gpus-per-worker", type=float, default=0.0)
     u.add_argument("--memory-per-worker")
-    u.add_argument("--conf", action="append", type=_conf_pair, default=[], metavar="KEY=VALUE",
-                   help="Spark setting (repeatable)")
     u.add_argument("--restart", action="store_true", help="start it again when the control plane restarts")
     u.add_argument("--dashboard", action="store_true", help="run the Ray dashboard (and Jobs API) on the head")
     u.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True)
@@ -249,7 +247,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     spec = ClusterSpec(
         name=args.name, workers=args.workers, min_workers=args.min_workers, max_workers=args.max_workers,
         cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
-        memory_per_worker=args.memory_per_worker, spark_conf=dict(args.conf), dashboard=args.dashboard,
+        memory_per_worker=args.memory_per_worker, dashboard=args.dashboard,
     )
     client = _client(args, start_local=True)
     cluster = client.create(spec, request_id=uuid.uuid4().hex, restart_on_server_restart=args.restart)

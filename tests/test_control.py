@@ -175,6 +175,9 @@ def test_cli_usage_errors(server: Server) -> None:
     with pytest.raises(RPCError) as err:
         server.client().create(ClusterSpec(name="huge", workers=50, cpus_per_worker=1))
     assert err.value.code == "RESOURCE_EXHAUSTED"
+    with pytest.raises(RPCError) as conf:  # the server's Spark runs already: not silently ignored
+        server.client().create(ClusterSpec(name="conf", workers=1, spark_conf={"spark.executor.memory": "1g"}))
+    assert conf.value.code == "INVALID_ARGUMENT" and conf.value.details.startswith("spark_conf")
     assert server.client().server_info().version  # still healthy
 
 

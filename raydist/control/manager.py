@@ -101,6 +101,12 @@ class ClusterManager:
 
     def create(self, spec_msg: Any, request_id: str) -> Any:
         spec = spec_from_proto(spec_msg)
+        if spec.spark_conf:
+            raise SpecError(
+                "spark_conf", sorted(spec.spark_conf),
+                "the control plane's SparkSession runs already: give Spark settings to `raydist serve` "
+                "(--spark-conf or [spark.conf] in raydist.toml)",
+            )
         restart = bool(spec_msg.restart_on_server_restart)
         existing = self._store.get(spec.name)
         retry = (
