@@ -52,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("-o", "--output", choices=("table", "json"), default="table")
         sp.add_argument("--address", help="control plane host:port (default RAYDIST_ADDRESS or the local one)")
+        sp.add_argument("--tls-ca", help="CA of a TLS control plane (default RAYDIST_TLS_CA)")
+        sp.add_argument("--tls-cert", help="client certificate for mTLS (default RAYDIST_TLS_CERT)")
+        sp.add_argument("--tls-key", help="client key for mTLS (default RAYDIST_TLS_KEY)")
 
     s = sub.add_parser("serve", help="run the control plane")
     s.add_argument("--config", help="a raydist.toml (default RAYDIST_CONFIG); flags win over it")
@@ -108,7 +111,7 @@ def _client(args: argparse.Namespace, start_local: bool = False) -> Any:
 
     address = args.address or default_address()
     if address:
-        client = Client(address)
+        client = Client(address, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key)
         try:
             client.server_info(timeout=5)
             return client

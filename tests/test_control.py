@@ -260,5 +260,11 @@ def test_token_over_tls(tmp_path: Path) -> None:
 
         with pytest.raises(ControlPlaneUnavailableError):
             srv.client(retries=0).list()  # plaintext to a TLS port
+        # The CLI, by flag or by RAYDIST_TLS_CA (raydist.up(address=) reads it too).
+        by_flag = srv.cli("status", "--tls-ca", str(cert), "-o", "json")
+        assert by_flag.returncode == 0 and json.loads(by_flag.stdout) == [], by_flag.stderr
+        srv.env["RAYDIST_TLS_CA"] = str(cert)
+        by_env = srv.cli("status", "-o", "json")
+        assert by_env.returncode == 0 and json.loads(by_env.stdout) == [], by_env.stderr
     finally:
         assert srv.stop() == 0

@@ -69,6 +69,11 @@ class Client:
         self._token = token if token is not None else _default_token()
         self.timeout = timeout
         self.retries = retries
+        # TLS settings default to RAYDIST_TLS_CA / _CERT / _KEY, so the CLI and
+        # raydist.up(address=...) reach a TLS control plane with no code change.
+        tls_ca = tls_ca or os.environ.get("RAYDIST_TLS_CA") or None
+        tls_cert = tls_cert or os.environ.get("RAYDIST_TLS_CERT") or None
+        tls_key = tls_key or os.environ.get("RAYDIST_TLS_KEY") or None
         if tls_ca:
             creds = grpc.ssl_channel_credentials(
                 root_certificates=Path(tls_ca).read_bytes(),
