@@ -133,6 +133,16 @@ def test_metrics_endpoint(server: Server) -> None:
     assert 'raydist_rpc_total{code="OK",method="ListClusters"}' in text
     assert "raydist_clusters" in text
 
+    # Method names callers make up never become metric labels.
+    with grpc.insecure_channel(server.address) as ch:
+        for i in range(3):
+            call = ch.unary_unary(f"/made.Up/Method{i}", request_serializer=bytes, response_deserializer=bytes)
+            with pytest.raises(grpc.RpcError) as refused:
+                call(b"", timeout=5)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert "made.Up" not in text and 'method="unknown"' in text
+
 
 NAMES = st.one_of(st.text(max_size=80), st.sampled_from(["", "UPPER", "-lead", "trail-", "a" * 64, "a_b"]))
 

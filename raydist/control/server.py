@@ -76,7 +76,9 @@ class _AuthInterceptor(grpc.aio.ServerInterceptor):
             if key == "authorization":
                 given = value.encode() if isinstance(value, str) else value
         if not hmac.compare_digest(given, self._token):
-            self._metrics.count(method, "UNAUTHENTICATED")
+            # The method name comes from the caller: only names the server
+            # serves become metric labels (else anyone could grow the registry).
+            self._metrics.count(method if method in _KNOWN_METHODS else "unknown", "UNAUTHENTICATED")
             log.warning("refused %s: %s bearer token", method, "wrong" if given else "no")
 
             async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -92,6 +94,14 @@ class _AuthInterceptor(grpc.aio.ServerInterceptor):
                 return grpc.unary_stream_rpc_method_handler(deny_stream)
             return grpc.unary_unary_rpc_method_handler(deny)
         return await continuation(details)
+
+
+#: Full method names this server serves (metric labels are limited to them).
+_KNOWN_METHODS = frozenset(
+    f"/{service.full_name}/{method.name}" for service in pb.DESCRIPTOR.services_by_name.values()
+    for method in service.methods
+) | {"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"}
 
 
 class _Metrics:
