@@ -253,6 +253,32 @@ def test_an_idle_control_plane_stops_itself_and_serve_stop_stops_one(tmp_path: P
         busy.stop()
 
 
+def test_a_spark_that_cannot_start_is_retried_and_creates_say_why(tmp_path: Path) -> None:
+    import time
+
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from raydist.errors import ControlPlaneUnavailableError
+
+    srv = Server(tmp_path, free_port(), master="bogus://nowhere:1").start()
+    try:
+        service = "raydist.v1.ClusterService"
+        with grpc.insecure_channel(srv.address) as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            deadline = time.monotonic() + 90
+            while stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status != 2:  # NOT_SERVING
+                assert time.monotonic() < deadline, "ClusterService never became NOT_SERVING"
+                time.sleep(0.5)
+            # The process itself is alive: a liveness probe must not restart it.
+            assert stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status == 1  # SERVING
+        with pytest.raises(ControlPlaneUnavailableError, match="Spark is not running"):
+            srv.client(retries=0).create(ClusterSpec(name="later", workers=1, cpus_per_worker=1))
+        assert srv.client().list() == []  # reads still answer
+        assert "retrying in" in (tmp_path / "test-server.log").read_text()
+    finally:
+        assert srv.stop() == 0
+
+
 def test_token_over_tls(tmp_path: Path) -> None:
     if not shutil.which("openssl"):
         pytest.skip("openssl is not installed")

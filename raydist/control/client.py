@@ -103,7 +103,7 @@ class Client:
                     continue
                 if code == grpc.StatusCode.UNAVAILABLE:
                     raise ControlPlaneUnavailableError(
-                        f"no control plane answers at {self.address}: {exc.details()}") from None
+                        f"the control plane at {self.address} is unavailable: {exc.details()}") from None
                 raise RPCError(code.name, exc.details() or "") from None
         raise AssertionError("unreachable")
 

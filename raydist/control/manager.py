@@ -18,7 +18,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from raydist.control.store import ClusterRow, Store
 from raydist.engine.cluster import RayCluster
-from raydist.errors import ClusterExistsError, ClusterNotFoundError, SpecError
+from raydist.errors import ClusterExistsError, ClusterNotFoundError, ControlPlaneUnavailableError, SpecError
 from raydist.spec import ClusterSpec, State, spec_from_proto, spec_to_proto
 
 __all__ = ["ClusterManager"]
@@ -48,16 +48,50 @@ class ClusterManager:
         self._engines: dict[str, RayCluster] = {}
         self._cache: dict[str, Any] = {}
         self._spark_lock = threading.Lock()
+        self._spark_error = ""
         self._head_ports = dict(head_ports or {})
 
     # Spark -------------------------------------------------------------------
 
     @property
     def spark(self) -> Any:
+        """The server's SparkSession; waits while it starts. While it cannot
+        start, ControlPlaneUnavailableError with the reason (the starter
+        thread, :meth:`start_spark`, keeps trying)."""
         with self._spark_lock:
             if self._spark is None:
+                if self._spark_error:
+                    raise ControlPlaneUnavailableError(
+                        f"the control plane's Spark is not running ({self._spark_error}); it is retried, "
+                        "try again shortly"
+                    )
                 self._spark = self._spark_factory()
             return self._spark
+
+    @property
+    def spark_error(self) -> str:
+        """Why Spark did not start, while it has not ("" otherwise)."""
+        return self._spark_error
+
+    def start_spark(self, on_state: Callable[[bool, str], None], stop: threading.Event) -> None:
+        """Start Spark, retrying with backoff (1 s, doubling, at most 30 s)
+        until it runs or ``stop`` is set; ``on_state(running, reason)`` after
+        each attempt. Runs in a thread of its own."""
+        backoff = 1.0
+        while not stop.is_set():
+            with self._spark_lock:
+                if self._spark is not None:
+                    return
+                try:
+                    self._spark = self._spark_factory()
+                    self._spark_error = ""
+                except Exception as exc:  # noqa: BLE001 - reported, then retried
+                    self._spark_error = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+                    log.warning("Spark did not start (%s); retrying in %g s", self._spark_error, backoff)
+            on_state(self._spark is not None, self._spark_error)
+            if self._spark is not None or stop.wait(backoff):
+                return
+            backoff = min(30.0, backoff * 2)
 
     def spark_info(self) -> tuple[str, str]:
         """(master, UI URL) of the Spark target; empty while Spark starts."""
@@ -237,8 +271,14 @@ class ClusterManager:
             if row is None or row.state != State.CREATING.value:
                 continue  # deleted meanwhile
             spec = ClusterSpec.from_dict(row.spec)
+            while True:  # a row waits (CREATING) while Spark is retried
+                try:
+                    spark = self.spark
+                    break
+                except ControlPlaneUnavailableError:
+                    time.sleep(2.0)
             try:
-                cap = spark_side.capacity(self.spark)
+                cap = spark_side.capacity(spark)
                 spark_side.check_fits(spec, cap, spec.cpus_per_worker or cap.cores_per_executor)
             except Exception as exc:  # noqa: BLE001 - the reason goes to the row, the server keeps serving
                 self._fail(name, f"could not start again after the control plane restarted: {exc}")

@@ -226,13 +226,10 @@ class ClusterService(rpc.ClusterServiceServicer):
                     return
 
 
-def _start_spark(manager: ClusterManager) -> None:
-    try:
-        manager.spark  # noqa: B018 - starts the SparkSession
-    except Exception:
-        log.exception("Spark did not start; creates will report why")
-        return
-    _freeze_heap()
+def _start_spark(manager: ClusterManager, on_state: Callable[[bool, str], None], stop: threading.Event) -> None:
+    manager.start_spark(on_state, stop)
+    if not manager.spark_error:
+        _freeze_heap()
 
 
 def _freeze_heap() -> None:
@@ -267,8 +264,21 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
     token = load_or_create_server_token()
 
     # Spark starts in the background (it takes seconds): reads, deletes and
-    # health answer at once; a create waits for it off the event loop.
-    threading.Thread(target=_start_spark, args=(manager,), name="raydist-spark-start", daemon=True).start()
+    # health answer at once; a create waits for it off the event loop. A
+    # Spark that does not start is retried with backoff; meanwhile creates
+    # answer UNAVAILABLE with the reason and ClusterService's health is
+    # NOT_SERVING (the process's own, "", stays SERVING: a restart would
+    # not help, and a liveness probe must not kill the clusters).
+    health_servicer = health.aio.HealthServicer()
+    service_name = pb.DESCRIPTOR.services_by_name["ClusterService"].full_name
+    spark_stop = threading.Event()
+
+    def on_spark(running: bool, reason: str) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if running else health_pb2.HealthCheckResponse.NOT_SERVING
+        loop.call_soon_threadsafe(lambda: asyncio.ensure_future(health_servicer.set(service_name, status)))
+
+    threading.Thread(target=_start_spark, args=(manager, on_spark, spark_stop), name="raydist-spark-start",
+                     daemon=True).start()
     # Before serving, the store tells the truth (store writes only); the
     # clusters that come back start once the server serves.
     restart = await asyncio.to_thread(manager.reconcile)
@@ -277,7 +287,6 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
                              options=[("grpc.max_receive_message_length", 1 << 20)])
     service = ClusterService(manager, metrics, changed)
     rpc.add_ClusterServiceServicer_to_server(service, server)
-    health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (pb.DESCRIPTOR.services_by_name["ClusterService"].full_name, health.SERVICE_NAME,
              reflection.SERVICE_NAME)
@@ -295,8 +304,9 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
     await server.start()
     _freeze_heap()
     bound = f"{config.host}:{port}"
-    for name in ("", pb.DESCRIPTOR.services_by_name["ClusterService"].full_name):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set(service_name, health_pb2.HealthCheckResponse.NOT_SERVING if manager.spark_error
+                              else health_pb2.HealthCheckResponse.SERVING)
     metrics_port = metrics.start(config.host, config.metrics_port) if config.metrics_port >= 0 else 0
     info = {"address": bound, "pid": os.getpid(), "tls": bool(config.tls_cert), "metrics_port": metrics_port,
             "idle_stop_s": config.idle_stop_s}
@@ -328,6 +338,7 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
     gauge_task = asyncio.create_task(gauges())
     await stop.wait()
     log.info("shutting down: draining and tearing clusters down")
+    spark_stop.set()
     await health_servicer.enter_graceful_shutdown()
     gauge_task.cancel()
     await server.stop(config.grace_s)
