@@ -94,7 +94,7 @@ def child(side: str, case: str, compute_s: float, compute_rounds: int) -> dict:
         elif case == "torch_script":
             with tempfile.TemporaryDirectory() as tmp:
                 script = Path(tmp) / "train.py"
-                script.write_text(jobs.SCRIPT)
+                script.write_text(jobs.SCRIPT.format(here=str(HERE)))
                 out["result"] = torch_d(num_processes=2, local_mode=True, use_gpu=False).run(
                     str(script), "--lr", "0.05"
                 )

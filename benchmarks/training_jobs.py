@@ -11,34 +11,21 @@ import os
 import time
 
 #: A training script for ``TorchDistributor.run(path, *args)``: argparse, as
-#: a script written for torchrun does.
-SCRIPT = '''
+#: a script written for torchrun does; it trains :func:`tiny_job`.
+SCRIPT = """
 import argparse
+import sys
 
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
+sys.path.insert(0, {here!r})
+from training_jobs import tiny_job
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--lr", type=float, required=True)
 parser.add_argument("--epochs", type=int, default=20)
 args = parser.parse_args()
-dist.init_process_group("gloo")
-torch.manual_seed(0)
-g = torch.Generator().manual_seed(0)
-x = torch.randn(1024, 16, generator=g)
-y = x @ torch.linspace(-1, 1, 16) + 0.3
-model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)))
-opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-rank, world = dist.get_rank(), dist.get_world_size()
-for _ in range(args.epochs):
-    opt.zero_grad()
-    torch.nn.functional.mse_loss(model(x[rank::world]).squeeze(-1), y[rank::world]).backward()
-    opt.step()
-if rank == 0:
-    print(f"script done, lr={args.lr}")
-dist.destroy_process_group()
-'''
+loss = tiny_job(args.lr, args.epochs)
+print(f"script done, lr={{args.lr}}, loss={{loss}}")
+"""
 
 
 def tiny_job(lr: float = 0.05, epochs: int = 20) -> float:
