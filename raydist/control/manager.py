@@ -80,7 +80,7 @@ class ClusterManager:
         backoff = 1.0
         while not stop.is_set():
             with self._spark_lock:
-                if self._spark is not None:
+                if self._spark is not None or stop.is_set():
                     return
                 try:
                     self._spark = self._spark_factory()
@@ -322,8 +322,13 @@ class ClusterManager:
                 self._store.put(row)
                 self._store.add_event(name, row.state, row.message)
                 self._refresh(row)
-        if self._spark is not None:
-            self._spark.stop()
+        # A Spark start still in progress finishes first (it holds the lock),
+        # then stops: a SparkContext left running keeps this process alive.
+        self._spark_error = self._spark_error or "the control plane is stopping"
+        with self._spark_lock:
+            spark, self._spark = self._spark, None
+        if spark is not None:
+            spark.stop()
 
     # cache -------------------------------------------------------------------
 

@@ -94,6 +94,7 @@ class NodeChannel:
         self._links: dict[str, NodeLink] = {}
         self._lock = threading.Lock()
         self._closing = False
+        self._stopped = False  # after stop_all(): every node, also one that says hello later, is told to stop
         self._thread = threading.Thread(target=self._accept, name=f"raydist-channel-{self.port}", daemon=True)
         self._thread.start()
 
@@ -106,7 +107,11 @@ class NodeChannel:
             return dict(self._links)
 
     def stop_all(self) -> None:
-        for link in self.links().values():
+        """Tell every node to stop, and every node that connects from now on."""
+        with self._lock:
+            self._stopped = True
+            links = list(self._links.values())
+        for link in links:
             link.stop()
 
     def close(self) -> None:
@@ -149,9 +154,15 @@ class NodeChannel:
             with self._lock:
                 old = self._links.get(key)
                 self._links[key] = link
+                late = self._stopped or self._closing
             if old is not None and old._sock is not None:
                 # A resubmitted node replaces a stale connection of the same slot.
                 old.stop()
+            if late:
+                # The cluster is going away: a supervisor that connects now (its
+                # task started late, on a loaded host) stops its node at once
+                # instead of running one nobody will stop.
+                link.stop()
             self._listener("hello", link)
             for line in reader:
                 try:

@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -299,7 +300,13 @@ class RayCluster:
             try:
                 self._head_proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             except Exception:  # noqa: BLE001 - still escalate below
-                self._head_proc.kill()
+                # The supervisor runs in a session of its own: end its whole
+                # process group, not the supervisor alone (its Ray processes
+                # would outlive it).
+                try:
+                    os.killpg(self._head_proc.pid, signal.SIGKILL)
+                except OSError:
+                    self._head_proc.kill()
                 self._head_proc.wait(timeout=5)
         if channel is not None:
             for link in channel.links().values():

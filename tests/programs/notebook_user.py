@@ -36,7 +36,15 @@ ray.shutdown()
 ray.init()
 out["plain"] = nodes_used()
 ray.shutdown()
-ray.init(cluster.client_address)
+for attempt in range(3):
+    try:
+        ray.init(cluster.client_address)
+        break
+    except ConnectionAbortedError as e:
+        # Ray Client's proxy sometimes loses the server it just forked (an
+        # upstream flake, see tests/probe.py): a user retries, and so do we.
+        if attempt == 2 or not any(f in str(e) for f in ("ZombieProcess", "Starting Ray client server failed")):
+            raise
 out["client"] = nodes_used()
 ray.shutdown()
 child = subprocess.run(
