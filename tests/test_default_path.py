@@ -31,6 +31,7 @@ def run_program(name: str, *args: str, home: Path | None = None, timeout: float 
     return json.loads(lines[-1][len("RESULT "):]) | {"_output": proc.stdout + proc.stderr}
 
 
+@pytest.mark.timeout(1200)  # two whole programs; DeepSpeed compiles its CPU ops on first use in a new venv
 def test_a_spark_users_program_runs_unchanged_on_the_session_cluster(no_leftover_ray) -> None:
     ours = run_program("spark_user.py")
     theirs = run_program("spark_user.py", "--original")
@@ -60,6 +61,7 @@ def test_a_spark_users_program_runs_unchanged_on_the_session_cluster(no_leftover
     assert ours["ray_processes_after_stop"] == []
 
 
+@pytest.mark.timeout(900)
 def test_notebook_habits_and_plain_keras_work_with_no_other_call(tmp_path, no_leftover_ray) -> None:
     home = tmp_path / "home"
     out = run_program("notebook_user.py", home=home)
