@@ -142,14 +142,22 @@ def _stop_server() -> int:
         out.print("no control plane is running for this RAYDIST_HOME")
         return 0
     proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 180
     with err.status(f"stopping the control plane (pid {proc.pid}) and its clusters..."):
-        try:
-            proc.wait(timeout=180)
-        except psutil.TimeoutExpired:
-            err.print(f"[red]error:[/red] the control plane (pid {proc.pid}) did not stop within 180 s")
-            return 1
+        while _still_running(proc):  # a zombie has stopped: its parent reaps it, not us
+            if time.monotonic() > deadline:
+                err.print(f"[red]error:[/red] the control plane (pid {proc.pid}) did not stop within 180 s")
+                return 1
+            time.sleep(0.2)
     out.print(f"stopped the control plane that served {info.get('address')}")
     return 0
+
+
+def _still_running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _start_local_server() -> str:
