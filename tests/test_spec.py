@@ -122,7 +122,8 @@ def test_repr_hides_env_values_and_defaults() -> None:
     workers=st.integers(0, 64),
     cpus=st.one_of(st.none(), st.integers(1, 64)),
     gpus=st.sampled_from([0, 0.25, 0.5, 1, 2]),
-    conf=st.dictionaries(st.from_regex(r"\Aspark\.[a-z]{1,10}\Z"), st.text(max_size=20), max_size=3),
+    conf=st.dictionaries(st.from_regex(r"\Aspark\.[a-z]{1,10}\Z"),
+                         st.text(st.characters(blacklist_characters="\x00"), max_size=20), max_size=3),
 )
 def test_dict_round_trip(name: str, workers: int, cpus: int | None, gpus: float, conf: dict[str, str]) -> None:
     spec = ClusterSpec(name=name, workers=workers, cpus_per_worker=cpus, gpus_per_worker=gpus, spark_conf=conf)
