@@ -78,9 +78,5 @@ class DeepspeedTorchDistributor(TorchDistributor):
         self.deepspeed_config = None if deepspeedConfig is None else load_deepspeed_config(deepspeedConfig)
 
     def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(train_object, str) and kwargs:
-            raise TrainingConfigError(
-                "kwargs", sorted(kwargs), "a script takes positional command-line arguments only, as in pyspark"
-            )
-        job = self._job(train_object, args, kwargs)
+        job = self._job(train_object, args, kwargs)  # checks the input as TorchDistributor.run does
         return self._fit(with_deepspeed_args(job, self.deepspeed_config, self.use_gpu))
