@@ -116,6 +116,21 @@ def test_killed_executor_is_healed(spark, no_leftover_ray) -> None:
         assert len(_node_tasks(cluster)["tasks"]) == 2
 
 
+def test_a_sigkilled_supervisor_takes_its_node_along_and_the_node_heals(spark, no_leftover_ray) -> None:
+    with raydist.up(spark, name="sigkill", workers=2, cpus_per_worker=1) as cluster:
+        supervisor = psutil.Process(cluster._channel.links()["w1"].pid)
+        node_tree = supervisor.children(recursive=True)
+        assert any(p.name() == "raylet" for p in node_tree)
+        supervisor.kill()  # nothing in the supervisor runs after this
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and [p for p in node_tree if p.is_running()
+                                               and p.status() != psutil.STATUS_ZOMBIE]:
+            time.sleep(0.2)
+        assert not [p.name() for p in node_tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert cluster.wait_for_workers(2, timeout=120), cluster.events()
+        assert len(_node_tasks(cluster)["tasks"]) == 2
+
+
 def test_client_without_token_is_refused(spark, no_leftover_ray, tmp_path) -> None:
     with raydist.up(spark, name="auth", workers=1, cpus_per_worker=1) as cluster:
         probe = f"""

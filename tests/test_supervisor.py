@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -131,3 +132,187 @@ def test_wrong_secret_is_refused(channel) -> None:
     sup = _start(ch, "not-the-secret", [])
     sup.wait(timeout=15)
     assert ("hello", "w0") not in rec.events
+
+
+# --- the link under faults: blips, silence, strangers ---------------------------------
+
+
+class Proxy:
+    """A TCP forwarder that can go silent: while ``blackhole`` is set it reads and
+    drops everything both ways, as a network that loses packets would."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.blackhole = threading.Event()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                conn.close()
+                continue
+            self.socks += [conn, upstream]
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while chunk := src.recv(65536):
+                if not self.blackhole.is_set():
+                    dst.sendall(chunk)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.server.close()
+        for s in self.socks:
+            s.close()
+
+
+def _start_via(port: int, secret: str, temp_dir: str = "", **link: float) -> subprocess.Popen[bytes]:
+    cfg = {"temp_dir": temp_dir, "key": "w0", "channel": ["127.0.0.1", port], "secret": secret,
+           "argv": ["bash", "-c", TREE], "env": {}, "watch": [], "wait_for": "", "deadline_s": 30, **link}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from raydist.engine import supervisor as s; "
+         "s.NODE_PORT_OPTIONS = (); sys.exit(s.main())"],
+        stdin=subprocess.PIPE, start_new_session=True,
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(cfg).encode())
+    proc.stdin.close()
+    return proc
+
+
+def _living(tree: list[psutil.Process]) -> list[psutil.Process]:
+    return [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.fixture
+def short_link() -> tuple[NodeChannel, Recorder, str, Proxy]:
+    """A channel with short link timers (silence 1.5 s, grace 8 s) behind a proxy."""
+    rec = Recorder()
+    secret = os.urandom(8).hex()
+    ch = NodeChannel("127.0.0.1", secret, rec, idle_s=1.5, grace_s=8)
+    proxy = Proxy((ch.host, ch.port))
+    yield ch, rec, secret, proxy
+    proxy.close()
+    ch.close()
+
+
+def test_a_blip_shorter_than_the_grace_window_keeps_the_node(short_link) -> None:
+    ch, rec, secret, proxy = short_link
+    sup = _start_via(proxy.port, secret, idle_s=1.5, heartbeat_s=0.3, grace_s=8)
+    try:
+        assert rec.wait("started")
+        tree = _descendants(sup.pid)
+        proxy.blackhole.set()  # both ends go silent past their idle bound
+        time.sleep(4)
+        proxy.blackhole.clear()
+        time.sleep(3)  # the supervisor reconnects through the proxy
+        assert sup.poll() is None, "the supervisor gave up its node during a short blip"
+        assert len(_living(tree)) == len(tree)
+        assert ("closed", "w0") not in rec.events
+        assert [e for e in rec.events if e[0] == "hello"] == [("hello", "w0")]  # resumed, not a new node
+        ch.stop_all()  # the resumed link still carries the driver's word
+        assert sup.wait(timeout=15) == 0
+        assert not _living(tree)
+    finally:
+        if sup.poll() is None:
+            os.killpg(sup.pid, 9)
+
+
+def test_a_link_broken_past_the_grace_window_stops_the_node(short_link) -> None:
+    ch, rec, secret, proxy = short_link
+    sup = _start_via(proxy.port, secret, idle_s=1.5, heartbeat_s=0.3, grace_s=3)
+    try:
+        assert rec.wait("started")
+        tree = _descendants(sup.pid)
+        proxy.blackhole.set()
+        sup.wait(timeout=20)  # silence 1.5 s, then 3 s of failed reconnects
+        assert not _living(tree)
+        assert rec.wait("closed", timeout=20)  # and the driver calls it lost after its own grace
+    finally:
+        if sup.poll() is None:
+            os.killpg(sup.pid, 9)
+
+
+def test_a_sigkilled_supervisor_leaves_no_process_and_no_temp_dir(channel, tmp_path) -> None:
+    ch, rec, secret = channel
+    node_dir = tmp_path / "raydist-node"
+    node_dir.mkdir()
+    sup = _start(ch, secret, [], str(node_dir))
+    assert rec.wait("started")
+    tree = _descendants(sup.pid)
+    assert len(tree) >= 3, tree
+    os.kill(sup.pid, 9)  # nothing in the supervisor runs now
+    sup.wait()
+    deadline = time.monotonic() + 10
+    while _living(tree) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _living(tree), [p.cmdline() for p in _living(tree)]
+    while node_dir.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not node_dir.exists()
+
+
+def test_strangers_cost_no_thread_and_cannot_block_the_channel() -> None:
+    rec = Recorder()
+    secret = os.urandom(8).hex()
+    ch = NodeChannel("127.0.0.1", secret, rec, handshake_s=1.0)
+    threads_before = threading.active_count()
+    strangers = [socket.create_connection((ch.host, ch.port)) for _ in range(100)]
+    sup = None
+    try:
+        for i, s in enumerate(strangers):
+            if i % 3 == 0:
+                s.sendall(b"x" * 10_000)  # an endless first line
+            elif i % 3 == 1:
+                s.sendall(b'{"type": "hello", "secret": "guess", "key": "w0"}\n')
+            # the rest say nothing at all
+        time.sleep(0.5)
+        assert threading.active_count() <= threads_before + 1
+        sup = _start(ch, secret, [])  # a real node still gets in, while strangers hang on
+        assert rec.wait("started")
+        time.sleep(1.5)  # past the handshake bound every stranger has been dropped
+        for s in strangers:
+            s.settimeout(2)
+            try:
+                assert s.recv(1) == b""
+            except ConnectionResetError:
+                pass
+        assert ("hello", "w0") in rec.events and len([e for e in rec.events if e[0] == "hello"]) == 1
+    finally:
+        for s in strangers:
+            s.close()
+        ch.close()
+        if sup is not None:
+            sup.wait(timeout=15)
+
+
+def test_an_endless_line_from_a_node_breaks_only_its_link() -> None:
+    rec = Recorder()
+    secret = os.urandom(8).hex()
+    ch = NodeChannel("127.0.0.1", secret, rec, grace_s=0.5)
+    try:
+        s = socket.create_connection((ch.host, ch.port))
+        s.sendall(json.dumps({"type": "hello", "secret": secret, "key": "w0", "incarnation": "a"}).encode() + b"\n")
+        assert rec.wait("hello")
+        s.sendall(b'{"type": "log", "line": "' + b"y" * 200_000)
+        assert rec.wait("closed", timeout=10)
+        s.close()
+    finally:
+        ch.close()

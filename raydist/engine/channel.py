@@ -4,17 +4,19 @@ Every Ray node of a cluster (the head on the driver, each worker in a Spark
 task) runs under a supervisor process that holds one TCP connection to this
 channel on the driver. The connection is the cluster's nervous system:
 
-* a supervisor says ``hello`` (with the cluster's secret), streams the output
-  of ``ray start``, says ``started`` once its node is up, and ``stopped`` once
-  every process of its node is gone;
+* a supervisor says ``hello`` (with the cluster's secret) and gets
+  ``welcome``, streams the output of ``ray start``, says ``started`` once its
+  node is up, and ``stopped`` once every process of its node is gone;
 * the driver says ``stop`` to tear a node down at once, without waiting for
   Spark to kill the task;
-* if the connection drops, each side knows the other is gone: the driver marks
-  the node lost, the supervisor kills its node (the driver died, so nothing
-  may be left running).
+* both ends hear from each other every few seconds (``ping``/``pong``). When
+  the link breaks, the supervisor reconnects and *resumes* it; only if that
+  fails within the grace window (:data:`raydist.engine.wire.RECONNECT_GRACE_S`)
+  does each side count the other gone: the driver marks the node lost, the
+  supervisor kills its node (the driver died, so nothing may be left running).
 
-Messages are JSON objects, one per line. The secret is compared in constant
-time and never logged.
+Framing and bounds are in :mod:`raydist.engine.wire`. The secret is compared
+in constant time and never logged.
 """
 
 from __future__ import annotations
@@ -22,46 +24,49 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import selectors
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from raydist.engine.wire import (
+    HANDSHAKE_S,
+    IDLE_S,
+    RECONNECT_GRACE_S,
+    LineReader,
+    LinkBroken,
+    enable_keepalive,
+    send,
+)
 
 __all__ = ["NodeChannel", "NodeLink", "send", "LOG_TAIL_LINES"]
 
 log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 40
-
-
-def send(sock: socket.socket, lock: threading.Lock, message: dict[str, Any]) -> bool:
-    """Write one message; False if the peer is gone."""
-    data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
-    try:
-        with lock:
-            sock.sendall(data)
-        return True
-    except OSError:
-        return False
-
-
-def enable_keepalive(sock: socket.socket) -> None:
-    """Detect a dead peer on another host within about 15 s."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for opt, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 5)):
-        if hasattr(socket, opt):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+#: Longest hello accepted from a connection that has not authenticated yet.
+_HELLO_MAX = 4096
+#: Connections allowed to be saying hello at once; the oldest is dropped beyond.
+_MAX_PENDING = 64
 
 
 @dataclass
 class NodeLink:
-    """What the driver knows about one connected supervisor."""
+    """What the driver knows about one connected supervisor.
+
+    One NodeLink lives as long as its supervisor: when the supervisor
+    reconnects after a broken link it resumes the same NodeLink (same
+    ``incarnation``), so listeners see one node, not a new one.
+    """
 
     key: str
     host: str = ""
     pid: int = 0
+    incarnation: str = ""
     node_ip: str = ""
     started: bool = False
     stopped: bool = False
@@ -83,19 +88,41 @@ Listener = Callable[[str, NodeLink], None]
 
 
 class NodeChannel:
-    """Driver-side server that every supervisor of one cluster connects to."""
+    """Driver-side server that every supervisor of one cluster connects to.
 
-    def __init__(self, host: str, secret: str, listener: Listener) -> None:
+    One thread reads every connection's hello (non-blocking, at most
+    ``_HELLO_MAX`` bytes within ``handshake_s``); only a connection that
+    proves the cluster's secret gets a thread of its own. A link that breaks
+    without its node saying ``stopped`` is reported ``closed`` only if the
+    supervisor does not resume it within ``grace_s``.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        secret: str,
+        listener: Listener,
+        *,
+        grace_s: float = RECONNECT_GRACE_S,
+        idle_s: float = IDLE_S,
+        handshake_s: float = HANDSHAKE_S,
+    ) -> None:
         self._secret = secret.encode()
         self._listener = listener
+        self._grace_s = grace_s
+        self._idle_s = idle_s
+        self._handshake_s = handshake_s
         self._server = socket.create_server((host, 0), backlog=64)
+        self._server.setblocking(False)
+        self._wake_r, self._wake_w = socket.socketpair()
         self.host = host
         self.port: int = self._server.getsockname()[1]
         self._links: dict[str, NodeLink] = {}
         self._lock = threading.Lock()
+        self._resumed = threading.Condition(self._lock)
         self._closing = False
         self._stopped = False  # after stop_all(): every node, also one that says hello later, is told to stop
-        self._thread = threading.Thread(target=self._accept, name=f"raydist-channel-{self.port}", daemon=True)
+        self._thread = threading.Thread(target=self._handshakes, name=f"raydist-channel-{self.port}", daemon=True)
         self._thread.start()
 
     @property
@@ -111,14 +138,17 @@ class NodeChannel:
         with self._lock:
             self._stopped = True
             links = list(self._links.values())
+            self._resumed.notify_all()  # a broken link is not waited for any more
         for link in links:
             link.stop()
 
     def close(self) -> None:
         """Stop accepting and drop every connection (supervisors then stop their nodes)."""
-        self._closing = True
+        with self._lock:
+            self._closing = True
+            self._resumed.notify_all()
         try:
-            self._server.close()
+            self._wake_w.send(b"x")
         except OSError:
             pass
         for link in self.links().values():
@@ -128,69 +158,177 @@ class NodeChannel:
                 except OSError:
                     pass
 
-    # internals -------------------------------------------------------------
+    # internals: the handshake thread ------------------------------------------
 
-    def _accept(self) -> None:
-        while not self._closing:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True, name="raydist-channel-conn").start()
+    def _handshakes(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self._server, selectors.EVENT_READ)
+        sel.register(self._wake_r, selectors.EVENT_READ)
+        pending: dict[socket.socket, tuple[bytearray, float]] = {}
 
-    def _serve(self, conn: socket.socket) -> None:
-        enable_keepalive(conn)
-        link: NodeLink | None = None
+        def drop(conn: socket.socket) -> None:
+            pending.pop(conn, None)
+            sel.unregister(conn)
+            conn.close()
+
         try:
-            reader = conn.makefile("r", encoding="utf-8", errors="replace")
-            first = reader.readline()
-            hello = json.loads(first) if first else {}
-            given = str(hello.get("secret", "")).encode()
-            if hello.get("type") != "hello" or not hmac.compare_digest(given, self._secret):
-                log.warning("refused a node connection without the cluster's secret")
-                return
-            key = str(hello.get("key"))
-            link = NodeLink(key=key, host=str(hello.get("host", "")), pid=int(hello.get("pid", 0)), _sock=conn)
-            with self._lock:
-                old = self._links.get(key)
-                self._links[key] = link
-                late = self._stopped or self._closing
-            if old is not None and old._sock is not None:
-                # A resubmitted node replaces a stale connection of the same slot.
-                old.stop()
-            if late:
-                # The cluster is going away: a supervisor that connects now (its
-                # task started late, on a loaded host) stops its node at once
-                # instead of running one nobody will stop.
-                link.stop()
-            self._listener("hello", link)
-            for line in reader:
+            while not self._closing:
+                now = time.monotonic()
+                for conn in [c for c, (_, deadline) in pending.items() if deadline <= now]:
+                    drop(conn)
+                timeout = min((d for _, d in pending.values()), default=now + 1.0) - now
+                for key, _ in sel.select(max(0.0, timeout)):
+                    sock = key.fileobj
+                    if sock is self._wake_r or self._closing:
+                        continue
+                    if sock is self._server:
+                        try:
+                            conn, _ = self._server.accept()
+                        except OSError:
+                            continue
+                        if len(pending) >= _MAX_PENDING:
+                            drop(min(pending, key=lambda c: pending[c][1]))
+                        conn.setblocking(False)
+                        pending[conn] = (bytearray(), time.monotonic() + self._handshake_s)
+                        sel.register(conn, selectors.EVENT_READ)
+                        continue
+                    assert isinstance(sock, socket.socket)
+                    buf, _ = pending[sock]
+                    try:
+                        chunk = sock.recv(_HELLO_MAX)
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        chunk = b""
+                    buf += chunk
+                    end = buf.find(b"\n")
+                    if not chunk or (end < 0 and len(buf) > _HELLO_MAX) or end > _HELLO_MAX:
+                        drop(sock)
+                        continue
+                    if end >= 0:
+                        pending.pop(sock)
+                        sel.unregister(sock)
+                        self._admit(sock, bytes(buf[:end]), bytes(buf[end + 1:]))
+        finally:
+            for conn in list(pending):
+                drop(conn)
+            sel.close()
+            for s in (self._server, self._wake_r, self._wake_w):
                 try:
-                    msg = json.loads(line)
-                except ValueError:
-                    continue
-                kind = msg.get("type")
-                if kind == "log":
-                    link.log_tail.append(str(msg.get("line", "")))
-                    self._listener("log", link)
-                elif kind == "started":
-                    link.started = True
-                    link.node_ip = str(msg.get("node_ip", ""))
-                    link.info = dict(msg.get("info", {}))
-                    self._listener("started", link)
-                elif kind == "stopped":
-                    link.stopped = True
-                    link.exit_code = msg.get("code")
-                    for tail_line in msg.get("log_tail", []):
-                        link.log_tail.append(str(tail_line))
-                    self._listener("stopped", link)
-        except (OSError, ValueError) as exc:
-            log.debug("node connection ended: %s", exc)
+                    s.close()
+                except OSError:
+                    pass
+
+    def _admit(self, conn: socket.socket, first: bytes, rest: bytes) -> None:
+        try:
+            hello = json.loads(first)
+        except ValueError:
+            hello = None
+        given = str(hello.get("secret", "")).encode() if isinstance(hello, dict) else b""
+        if not isinstance(hello, dict) or hello.get("type") != "hello" or not hmac.compare_digest(given, self._secret):
+            log.warning("refused a node connection without the cluster's secret")
+            conn.close()
+            return
+        conn.setblocking(True)
+        threading.Thread(target=self._serve, args=(conn, hello, rest), daemon=True,
+                         name=f"raydist-channel-{hello.get('key')}").start()
+
+    # internals: one thread per authenticated link -----------------------------
+
+    def _attach(self, conn: socket.socket, hello: dict[str, Any]) -> tuple[NodeLink, bool, bool]:
+        """The link this hello speaks for (a new one, or the one it resumes)."""
+        key = str(hello.get("key"))
+        incarnation = str(hello.get("incarnation", ""))
+        with self._lock:
+            old = self._links.get(key)
+            late = self._stopped or self._closing
+            if (hello.get("resume") and old is not None and incarnation and old.incarnation == incarnation
+                    and not old.closed.is_set()):
+                stale, old._sock = old._sock, conn
+                self._resumed.notify_all()
+                if stale is not None and stale is not conn:
+                    try:
+                        stale.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                return old, True, late
+            link = NodeLink(key=key, host=str(hello.get("host", "")), pid=int(hello.get("pid", 0) or 0),
+                            incarnation=incarnation, _sock=conn)
+            if hello.get("resume"):
+                return link, False, late  # not kept: _serve tells it to stop
+            self._links[key] = link
+        if old is not None and old._sock is not None:
+            # A resubmitted node replaces a stale connection of the same slot.
+            old.stop()
+        return link, False, late
+
+    def _serve(self, conn: socket.socket, hello: dict[str, Any], rest: bytes) -> None:
+        enable_keepalive(conn)
+        conn.settimeout(self._idle_s)
+        link, resumed, late = self._attach(conn, hello)
+        send(conn, link._lock, {"type": "welcome"})
+        if late:
+            # The cluster is going away: a supervisor that connects now (its
+            # task started late, on a loaded host) stops its node at once
+            # instead of running one nobody will stop.
+            link.stop()
+        if resumed:
+            log.info("node %s resumed its link", link.key)
+        elif hello.get("resume"):
+            # The driver gave up on this node already (its grace ran out
+            # here first, or the node was replaced): it must not come back.
+            send(conn, link._lock, {"cmd": "stop"})
+            conn.close()
+            return
+        else:
+            self._listener("hello", link)
+        reader = LineReader(conn, idle_s=self._idle_s, initial=rest)
+        try:
+            while True:
+                self._handle(link, conn, reader.read())
+        except LinkBroken as exc:
+            log.debug("node %s: link ended: %s", link.key, exc)
         finally:
             try:
                 conn.close()
             except OSError:
                 pass
-            if link is not None:
-                link.closed.set()
-                self._listener("closed", link)
+        if not self._wait_resume(link, conn):
+            link.closed.set()
+            self._listener("closed", link)
+
+    def _handle(self, link: NodeLink, conn: socket.socket, msg: dict[str, Any]) -> None:
+        kind = msg.get("type")
+        if kind == "ping":
+            send(conn, link._lock, {"type": "pong"})
+        elif kind == "log":
+            link.log_tail.append(str(msg.get("line", "")))
+            self._listener("log", link)
+        elif kind == "started":
+            link.started = True
+            link.node_ip = str(msg.get("node_ip", ""))
+            info = msg.get("info", {})
+            link.info = dict(info) if isinstance(info, dict) else {}
+            self._listener("started", link)
+        elif kind == "stopped":
+            link.stopped = True
+            code = msg.get("code")
+            link.exit_code = code if isinstance(code, int) else None
+            for tail_line in msg.get("log_tail", []) or []:
+                link.log_tail.append(str(tail_line))
+            self._listener("stopped", link)
+
+    def _wait_resume(self, link: NodeLink, conn: socket.socket) -> bool:
+        """After ``conn`` broke: True when the link went on (or goes on within
+        the grace window) over another connection of the same supervisor."""
+        deadline = time.monotonic() + self._grace_s
+        with self._lock:
+            if link._sock is conn and not (link.stopped or self._stopped or self._closing):
+                log.info("node %s: link broken; waiting %g s for its supervisor to reconnect", link.key,
+                         self._grace_s)
+            while link._sock is conn:
+                left = deadline - time.monotonic()
+                if link.stopped or self._stopped or self._closing or left <= 0:
+                    return False
+                self._resumed.wait(left)
+            return True

@@ -8,9 +8,15 @@ and tears the whole tree down when any of these happens:
 
 * a watched process dies (the Spark task's Python worker, the executor JVM, or
   the driver for the head node);
-* its link to the driver closes or the driver says ``stop``;
+* the driver says ``stop``, or the link to the driver stays broken past the
+  reconnect grace window (see :mod:`raydist.engine.wire`);
 * it receives SIGTERM/SIGINT;
 * ``ray start`` exits on its own (the node crashed).
+
+If the supervisor itself is SIGKILLed, ``ray start`` dies with it
+(``PR_SET_PDEATHSIG``; Ray's processes fate-share with ``ray start``), and a
+forked sentinel kills whatever is left in the supervisor's session and removes
+the node's temp dir (:func:`start_sentinel`).
 
 It reports over the link (see :mod:`raydist.engine.channel`) and exits only
 when every descendant is gone. Configuration arrives as one JSON object on
@@ -22,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -34,9 +41,23 @@ from typing import Any
 
 import psutil
 
-from raydist.engine.channel import LOG_TAIL_LINES, enable_keepalive, send
+from raydist.engine.channel import LOG_TAIL_LINES
 from raydist.engine.ports import free_port, wait_for_port
+from raydist.engine.wire import (
+    HANDSHAKE_S,
+    HEARTBEAT_S,
+    IDLE_S,
+    MAX_LINE,
+    RECONNECT_GRACE_S,
+    LineReader,
+    LinkBroken,
+    LinkClosed,
+    enable_keepalive,
+    encode,
+    send,
+)
 
+_PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _POLL_S = 0.2
 _GRACE_S = 1.5
@@ -57,6 +78,78 @@ def _become_subreaper() -> None:
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: children may escape on parent death
         pass
+
+
+def _die_with_parent() -> None:
+    """In ``ray start``'s child: SIGTERM it when the supervisor dies. ``ray
+    start --block`` then stops its node as on a normal shutdown (the raylet
+    leaves the GCS at once, so the cluster sees the node gone), and Ray's own
+    processes fate-share with it. The sentinel kills what is left."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def start_sentinel(temp_dir: str) -> int:
+    """Fork a watcher that outlives a SIGKILLed supervisor by a moment.
+
+    The supervisor normally ends its tree itself; nothing of it runs after a
+    SIGKILL, though, and a process Ray's own fate-sharing misses (one a task
+    started and left behind) would live on. The sentinel holds the read end
+    of a pipe only the supervisor can write to; when the supervisor exits
+    for any reason the read returns. If the supervisor's session still has
+    processes then, the supervisor did not clean up: the sentinel kills them
+    all and removes the node's temp dir. Call before any thread starts;
+    returns the pipe's write end, which must stay open.
+    """
+    read_end, write_end = os.pipe()  # not inherited by ray start (PEP 446)
+    if os.fork() != 0:
+        os.close(read_end)
+        return write_end
+    try:
+        os.close(write_end)
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # the supervisor's own teardown
+        for sig in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        while os.read(read_end, 1):
+            pass
+        _end_session(os.getsid(0), grace_s=_GRACE_S * 2)
+        if temp_dir:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+    finally:
+        os._exit(0)
+
+
+def _session(sid: int) -> list[psutil.Process]:
+    me = os.getpid()
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != me and os.getsid(proc.pid) == sid and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def _end_session(sid: int, grace_s: float) -> None:
+    """Give ``ray start`` (SIGTERMed by its PDEATHSIG) ``grace_s`` to stop its
+    node, then SIGKILL every process left in the session."""
+    deadline = time.monotonic() + grace_s
+    while _session(sid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for _ in range(3):
+        found = _session(sid)
+        if not found:
+            return
+        for proc in found:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(found, timeout=2)
 
 
 def _alive(pid: int, create_time: float) -> bool:
@@ -111,52 +204,120 @@ class Supervisor:
         self.sock: socket.socket | None = None
         self.lock = threading.Lock()
         self.proc: subprocess.Popen[str] | None = None
+        self.log_file: Any = None
+        self.incarnation = secrets.token_hex(8)
+        #: What was said while the link was broken, sent when it resumes.
+        self.unsent: deque[dict[str, Any]] = deque(maxlen=2000)
+        self.grace_s = float(cfg.get("grace_s", RECONNECT_GRACE_S))
+        self.idle_s = float(cfg.get("idle_s", IDLE_S))
+        self.heartbeat_s = float(cfg.get("heartbeat_s", HEARTBEAT_S))
 
     # link ------------------------------------------------------------------
 
-    def connect(self) -> None:
+    def _open(self, *, resume: bool) -> tuple[socket.socket, LineReader]:
+        """A new authenticated connection to the driver (raises OSError or LinkBroken)."""
         host, port = self.cfg["channel"]
+        sock = socket.create_connection((host, int(port)), timeout=HANDSHAKE_S)
+        try:
+            enable_keepalive(sock)
+            hello = {"type": "hello", "secret": self.cfg["secret"], "key": self.cfg["key"],
+                     "host": socket.gethostname(), "pid": os.getpid(), "incarnation": self.incarnation,
+                     "resume": resume}
+            sock.sendall(encode(hello))
+            reader = LineReader(sock, idle_s=HANDSHAKE_S)
+            try:
+                welcome = reader.read()
+            except LinkClosed as exc:
+                raise LinkClosed("the driver refused this node's hello") from exc
+            if welcome.get("type") != "welcome":
+                raise LinkBroken("the driver did not welcome this node")
+            reader = LineReader(sock, idle_s=self.idle_s)
+            sock.settimeout(self.idle_s)  # a send to a silent peer fails too, instead of hanging
+            return sock, reader
+        except BaseException:
+            sock.close()
+            raise
+
+    def connect(self) -> None:
         deadline = time.monotonic() + 30
         while True:
             try:
-                sock = socket.create_connection((host, int(port)), timeout=5)
+                sock, reader = self._open(resume=False)
                 break
-            except OSError:
+            except LinkClosed:
+                raise  # a wrong secret does not get better with retries
+            except (OSError, LinkBroken):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
-        sock.settimeout(None)
-        enable_keepalive(sock)
-        self.sock = sock
-        self.emit(
-            {
-                "type": "hello",
-                "secret": self.cfg["secret"],
-                "key": self.cfg["key"],
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-            }
-        )
-        threading.Thread(target=self._read_link, daemon=True).start()
+        self._attach(sock)
+        threading.Thread(target=self._read_link, args=(reader,), daemon=True).start()
+        threading.Thread(target=self._heartbeat, daemon=True).start()
+
+    def _attach(self, sock: socket.socket) -> None:
+        with self.lock:
+            try:
+                while self.unsent:
+                    sock.sendall(encode(self.unsent[0]))
+                    self.unsent.popleft()
+            except OSError:
+                pass  # the reader notices the broken link
+            self.sock = sock
 
     def emit(self, message: dict[str, Any]) -> None:
-        if self.sock is not None:
-            send(self.sock, self.lock, message)
+        with self.lock:
+            if self.sock is None:
+                self.unsent.append(message)
+                return
+            try:
+                self.sock.sendall(encode(message))
+            except OSError:
+                self.unsent.append(message)
 
-    def _read_link(self) -> None:
-        assert self.sock is not None
-        reader = self.sock.makefile("r", encoding="utf-8", errors="replace")
-        try:
-            for line in reader:
-                try:
-                    if json.loads(line).get("cmd") == "stop":
+    def _heartbeat(self) -> None:
+        while not self.stop.wait(self.heartbeat_s):
+            with self.lock:
+                sock = self.sock
+            if sock is not None:
+                send(sock, self.lock, {"type": "ping"})
+
+    def _read_link(self, reader: LineReader) -> None:
+        while True:
+            try:
+                while True:
+                    if reader.read().get("cmd") == "stop":
                         self.request_stop("stopped by the driver")
                         return
-                except ValueError:
-                    continue
-        except OSError:
-            pass
-        self.request_stop("lost the link to the driver")
+            except LinkBroken as exc:
+                broke = str(exc)
+            if self.stop.is_set():
+                return
+            with self.lock:
+                old, self.sock = self.sock, None
+            if old is not None:
+                old.close()
+            resumed = self._reconnect(broke)
+            if resumed is None:
+                self.request_stop(f"lost the link to the driver ({broke})")
+                return
+            reader = resumed
+
+    def _reconnect(self, broke: str) -> LineReader | None:
+        """Resume the link within the grace window; None when it cannot be."""
+        self._write_log(f"raydist: link to the driver broken ({broke}); reconnecting for {self.grace_s:g} s")
+        deadline = time.monotonic() + self.grace_s
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            try:
+                sock, reader = self._open(resume=True)
+            except (ConnectionRefusedError, LinkClosed):
+                return None  # nothing listens, or the driver refused: its channel is gone
+            except (OSError, LinkBroken):
+                self.stop.wait(1.0)
+                continue
+            self._attach(sock)
+            self.log("raydist: link to the driver resumed")
+            return reader
+        return None
 
     def request_stop(self, reason: str) -> None:
         if not self.stop.is_set():
@@ -167,14 +328,21 @@ class Supervisor:
 
     def log(self, line: str) -> None:
         self.tail.append(line)
-        self.emit({"type": "log", "line": line})
+        self.emit({"type": "log", "line": line[:MAX_LINE // 2]})
 
-    def _pump(self, stream: Any, log_file: Any) -> None:
+    def _write_log(self, line: str) -> None:
+        """A line for the node's local log only (the link may be down)."""
+        if self.log_file is not None:
+            try:
+                self.log_file.write(line + "\n")
+                self.log_file.flush()
+            except (OSError, ValueError):
+                pass
+
+    def _pump(self, stream: Any) -> None:
         for line in stream:
             line = line.rstrip("\n")
-            if log_file is not None:
-                log_file.write(line + "\n")
-                log_file.flush()
+            self._write_log(line)
             self.log(line)
             if "Ray runtime started" in line:
                 self.emit({"type": "started", "node_ip": self.cfg.get("node_ip", ""), "info": self.cfg.get("info", {})})
@@ -208,7 +376,7 @@ class Supervisor:
                 env = dict(os.environ)
                 env.update(self.cfg.get("env", {}))
                 log_path = self.cfg.get("log_path")
-                log_file = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
+                self.log_file = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
                 self.proc = subprocess.Popen(
                     self.argv(),
                     stdin=subprocess.DEVNULL,
@@ -217,8 +385,9 @@ class Supervisor:
                     text=True,
                     env=env,
                     cwd=self.cfg.get("cwd") or None,
+                    preexec_fn=_die_with_parent,
                 )
-                pump = threading.Thread(target=self._pump, args=(self.proc.stdout, log_file), daemon=True)
+                pump = threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True)
                 pump.start()
                 while not self.stop.wait(_POLL_S):
                     if self.proc.poll() is not None:
@@ -254,6 +423,7 @@ def main() -> int:
     _become_subreaper()
     cfg = json.loads(sys.stdin.read())
     sys.stdin.close()
+    start_sentinel(str(cfg.get("temp_dir") or ""))
     return Supervisor(cfg).run()
 
 

@@ -1,0 +1,117 @@
+"""Framing of the driver <-> supervisor link, shared by both ends.
+
+Messages are JSON objects, one per line, each at most :data:`MAX_LINE` bytes.
+Both ends send something at least every :data:`HEARTBEAT_S` (a ``ping`` when
+there is nothing else to say) and treat :data:`IDLE_S` of silence as a broken
+link. A supervisor whose link breaks keeps its node for
+:data:`RECONNECT_GRACE_S` while it reconnects; the driver waits as long before
+it calls the node lost. These bounds are what make the link safe to expose on
+a network: a peer that sends no line, an endless line or nothing at all costs
+one bounded buffer for a bounded time.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from typing import Any
+
+__all__ = [
+    "HANDSHAKE_S",
+    "HEARTBEAT_S",
+    "IDLE_S",
+    "MAX_LINE",
+    "RECONNECT_GRACE_S",
+    "LineReader",
+    "LinkBroken",
+    "LinkClosed",
+    "enable_keepalive",
+    "encode",
+    "send",
+]
+
+#: Longest message either end accepts, in bytes (a log line is cut to fit).
+MAX_LINE = 64 * 1024
+#: How long an unauthenticated connection may take to say hello.
+HANDSHAKE_S = 5.0
+#: How often each end speaks at least.
+HEARTBEAT_S = 2.0
+#: Silence after which a link counts as broken.
+IDLE_S = 10.0
+#: How long a supervisor keeps its node while it reconnects a broken link
+#: (and the driver waits for it): a network blip shorter than this costs nothing.
+RECONNECT_GRACE_S = 30.0
+
+
+class LinkBroken(Exception):
+    """The peer closed the link, fell silent for too long, or broke the framing."""
+
+
+class LinkClosed(LinkBroken):
+    """The peer closed the link (during a handshake: it refused it)."""
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return (json.dumps(message, separators=(",", ":")) + "\n").encode()
+
+
+def send(sock: socket.socket, lock: threading.Lock, message: dict[str, Any]) -> bool:
+    """Write one message; False if the peer is gone."""
+    data = encode(message)
+    try:
+        with lock:
+            sock.sendall(data)
+        return True
+    except OSError:
+        return False
+
+
+def enable_keepalive(sock: socket.socket) -> None:
+    """Let the kernel notice a dead peer on another host too (a backstop to
+    the heartbeat when a send blocks)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for opt, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 5)):
+        if hasattr(socket, opt):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+
+
+class LineReader:
+    """Reads JSON messages off a socket with bounded line length and idle time.
+
+    ``initial`` holds bytes already read past a previous line (the handshake).
+    """
+
+    def __init__(self, sock: socket.socket, *, idle_s: float = IDLE_S, initial: bytes = b"") -> None:
+        self._sock = sock
+        self._buf = bytearray(initial)
+        self._idle_s = idle_s
+
+    def read(self) -> dict[str, Any]:
+        """The next message. Raises LinkBroken on EOF, silence past the idle
+        bound, a line longer than :data:`MAX_LINE`, or a line that is not a
+        JSON object."""
+        while True:
+            end = self._buf.find(b"\n")
+            if end >= 0:
+                line = bytes(self._buf[:end])
+                del self._buf[: end + 1]
+                try:
+                    message = json.loads(line)
+                except ValueError as exc:
+                    raise LinkBroken("a line that is not JSON") from exc
+                if not isinstance(message, dict):
+                    raise LinkBroken("a message that is not a JSON object")
+                return message
+            if len(self._buf) > MAX_LINE:
+                raise LinkBroken(f"a line longer than {MAX_LINE} bytes")
+            self._sock.settimeout(self._idle_s)
+            try:
+                chunk = self._sock.recv(65536)
+            except TimeoutError as exc:
+                raise LinkBroken(f"silent for {self._idle_s:g} s") from exc
+            except OSError as exc:
+                raise LinkBroken(str(exc)) from exc
+            if not chunk:
+                raise LinkClosed("closed by the peer")
+            self._buf += chunk
