@@ -6,10 +6,14 @@ different processes at different homes.
 
 from __future__ import annotations
 
+import logging
 import os
+import stat
 from pathlib import Path
 
-__all__ = ["home", "private_file", "hold_home"]
+__all__ = ["home", "private_file", "read_private", "hold_home"]
+
+log = logging.getLogger(__name__)
 
 
 def home() -> Path:
@@ -28,6 +32,22 @@ def private_file(path: Path, content: str) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(content)
     os.replace(tmp, path)
+
+
+def read_private(path: Path) -> str | None:
+    """The stripped content of a secret file, or None when it is missing or
+    empty. A file that others can read (a volume's group ownership applied by
+    Kubernetes' ``fsGroup``, a careless copy) is narrowed back to 0600 first,
+    with a warning naming the file, never its content."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning("%s was readable by others (mode %o); narrowed it to 0600", path, stat.S_IMODE(mode))
+        os.chmod(path, 0o600)
+    value = path.read_text().strip()
+    return value or None
 
 
 def hold_home(path: Path) -> int:

@@ -82,3 +82,20 @@ def test_cli_refuses_a_bad_file_with_exit_2(tmp_path: Path) -> None:
     missing = subprocess.run([sys.executable, "-m", "raydist.cli", "serve", "--config", str(tmp_path / "nope.toml")],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "--config" in missing.stderr
+
+
+def test_a_secret_file_others_can_read_is_narrowed_and_still_read(tmp_path, monkeypatch, caplog) -> None:
+    """As Kubernetes' fsGroup leaves it: group-readable. raydist reads it and
+    makes it 0600 again, naming the file and never its content."""
+    import stat
+
+    from raydist.paths import read_private
+
+    path = tmp_path / "control_token"
+    path.write_text("s3cr3t-value\n")
+    path.chmod(0o660)
+    with caplog.at_level("WARNING"):
+        assert read_private(path) == "s3cr3t-value"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert "control_token" in caplog.text and "s3cr3t" not in caplog.text
+    assert read_private(tmp_path / "missing") is None

@@ -50,6 +50,20 @@ def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
+def _template(data: dict[str, str]) -> dict[str, Any]:
+    """The executor pod template a config names, from the same ConfigMap."""
+    cfg = ServerConfig.from_toml(data["raydist.toml"])
+    return yaml.safe_load(data[Path(cfg.spark_conf["spark.kubernetes.executor.podTemplateFile"]).name])
+
+
+def _bytes(quantity: str) -> int:
+    units = {"g": 1 << 30, "Gi": 1 << 30, "m": 1 << 20, "Mi": 1 << 20}
+    for unit, factor in units.items():
+        if quantity.endswith(unit):
+            return int(quantity[: -len(unit)]) * factor
+    return int(quantity)
+
+
 @pytest.fixture(scope="module")
 def base() -> list[dict[str, Any]]:
     return _base()
@@ -73,7 +87,8 @@ def test_every_manifest_validates_strictly(base: list[dict[str, Any]]) -> None:
     for overlay in (K8S / "overlays").iterdir():
         for patch in _kustomization(overlay).get("patches", []):
             docs += _docs(overlay / patch["path"])
-    docs.append(yaml.safe_load(_overlay_config("gpu")["executor-pod-template.yaml"]))
+    docs.append(_template(_one(base, "ConfigMap")["data"]))
+    docs.append(_template(_overlay_config("gpu")))
     for doc in docs:
         # Strict: an unknown or misspelt field is an error, not ignored.
         kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
@@ -211,3 +226,34 @@ def test_config_file_errors_name_the_key(tmp_path: Path) -> None:
         with pytest.raises(SpecError) as info:
             ServerConfig.from_toml(bad)
         assert info.value.field == field
+
+
+@pytest.mark.parametrize("where", ["base", "gpu"])
+def test_executor_pods_are_hardened_and_sized_for_the_object_store(where: str) -> None:
+    data = _one(_base(), "ConfigMap")["data"] if where == "base" else _overlay_config("gpu")
+    conf = ServerConfig.from_toml(data["raydist.toml"]).spark_conf
+    pod = _template(data)["spec"]
+    container = next(c for c in pod["containers"]
+                     if c["name"] == conf["spark.kubernetes.executor.podTemplateContainerName"])
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert pod["automountServiceAccountToken"] is False  # tenant code runs here
+    sc = container["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["readOnlyRootFilesystem"] is True
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    shm = volumes[mounts["/dev/shm"]]["emptyDir"]
+    assert shm["medium"] == "Memory"
+    # Ray sizes its object store from /dev/shm; the tmpfs counts against the
+    # memory overhead Spark adds to the pod's limit, so it must fit in it.
+    assert _bytes(shm["sizeLimit"]) <= _bytes(conf["spark.executor.memoryOverhead"])
+    assert "/tmp" in mounts and conf["spark.executorEnv.HOME"] == "/tmp"  # writable with a read-only root
+
+
+def test_a_node_drain_can_evict_the_control_plane(base: list[dict[str, Any]]) -> None:
+    pdb = _one(base, "PodDisruptionBudget")["spec"]
+    assert pdb.get("maxUnavailable", 1) >= 1 and "minAvailable" not in pdb
+    pod = _one(base, "Deployment")["spec"]["template"]["spec"]
+    # fsGroup on every mount would make the 0600 token files group-readable.
+    assert pod["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"

@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 
 from raydist.errors import ControlPlaneUnavailableError, RPCError
-from raydist.paths import home
+from raydist.paths import home, read_private
 
 __all__ = ["Client", "default_address"]
 
@@ -39,8 +39,7 @@ def _default_token() -> str | None:
     given = os.environ.get("RAYDIST_TOKEN")
     if given:
         return given
-    path = home() / "control_token"
-    return path.read_text().strip() if path.exists() else None
+    return read_private(home() / "control_token")
 
 
 class Client:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
 import hmac
 import json
 import logging
@@ -33,7 +34,7 @@ from raydist.control.manager import ClusterManager, _ts
 from raydist.control.status import code_for
 from raydist.control.store import Store
 from raydist.errors import RaydistError
-from raydist.paths import hold_home, home, private_file
+from raydist.paths import hold_home, home, private_file, read_private
 
 __all__ = ["ServerConfig", "serve", "load_or_create_server_token", "SERVER_FILE"]
 
@@ -45,13 +46,18 @@ _TERMINAL = (pb.DELETED, pb.FAILED)
 
 
 def load_or_create_server_token() -> str:
-    """``RAYDIST_TOKEN``, else the token in ``RAYDIST_HOME`` (made on first start, 0600)."""
-    given = os.environ.get("RAYDIST_TOKEN")
+    """``RAYDIST_TOKEN``, else the token in ``RAYDIST_HOME`` (made on first start, 0600).
+
+    ``RAYDIST_TOKEN`` leaves this process's environment here, before Spark
+    or any Ray node starts: nothing the control plane starts inherits it.
+    """
+    given = os.environ.pop("RAYDIST_TOKEN", None)
     if given:
         return given
     path = home() / _TOKEN_FILE
-    if path.exists() and path.read_text().strip():
-        return path.read_text().strip()
+    found = read_private(path)
+    if found:
+        return found
     token = secrets.token_urlsafe(32)
     private_file(path, token + "\n")
     return token
@@ -61,7 +67,8 @@ class _AuthInterceptor(grpc.aio.ServerInterceptor):
     """Every RPC but health checks needs ``authorization: Bearer <token>``."""
 
     def __init__(self, token: str, metrics: Any) -> None:
-        self._token = f"Bearer {token}".encode()
+        # Only a digest is kept: what is needed to check a token, not to use it.
+        self._digest = hashlib.sha256(f"Bearer {token}".encode()).digest()
         self._metrics = metrics
 
     async def intercept_service(
@@ -75,7 +82,7 @@ class _AuthInterceptor(grpc.aio.ServerInterceptor):
         for key, value in details.invocation_metadata or ():
             if key == "authorization":
                 given = value.encode() if isinstance(value, str) else value
-        if not hmac.compare_digest(given, self._token):
+        if not hmac.compare_digest(hashlib.sha256(given).digest(), self._digest):
             # The method name comes from the caller: only names the server
             # serves become metric labels (else anyone could grow the registry).
             self._metrics.count(method if method in _KNOWN_METHODS else "unknown", "UNAUTHENTICATED")
@@ -261,7 +268,7 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
     manager = ClusterManager(store, lambda: embedded_session(config.spark_master, config.spark_conf), notify,
                              head_ports=config.head_ports)
     metrics = _Metrics(manager.states)
-    token = load_or_create_server_token()
+    auth = _AuthInterceptor(load_or_create_server_token(), metrics)  # before Spark starts (see there)
 
     # Spark starts in the background (it takes seconds): reads, deletes and
     # health answer at once; a create waits for it off the event loop. A
@@ -283,7 +290,7 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
     # clusters that come back start once the server serves.
     restart = await asyncio.to_thread(manager.reconcile)
 
-    server = grpc.aio.server(interceptors=[_AuthInterceptor(token, metrics)],
+    server = grpc.aio.server(interceptors=[auth],
                              options=[("grpc.max_receive_message_length", 1 << 20)])
     service = ClusterService(manager, metrics, changed)
     rpc.add_ClusterServiceServicer_to_server(service, server)

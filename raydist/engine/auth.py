@@ -17,7 +17,7 @@ import secrets
 import sys
 from dataclasses import dataclass
 
-from raydist.paths import home, private_file
+from raydist.paths import home, private_file, read_private
 
 __all__ = ["RayToken", "ProcessEnv", "load_or_create_token", "activate_in_process", "reload_auth_in_process"]
 
@@ -51,10 +51,9 @@ def load_or_create_token() -> RayToken:
     if given:
         return RayToken(given)
     path = home() / _TOKEN_FILE
-    if path.exists():
-        value = path.read_text().strip()
-        if value:
-            return RayToken(value)
+    value = read_private(path)
+    if value:
+        return RayToken(value)
     value = secrets.token_hex(32)
     private_file(path, value + "\n")
     return RayToken(value)
