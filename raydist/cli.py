@@ -99,6 +99,12 @@ def _parser() -> argparse.ArgumentParser:
     lg.add_argument("name")
     lg.add_argument("-f", "--follow", action="store_true")
     common(lg)
+    en = sub.add_parser("env", help="shell exports that connect Ray to a cluster: eval \"$(raydist env NAME)\"")
+    en.add_argument("name")
+    en.add_argument("--gcs", action="store_true",
+                    help="RAY_ADDRESS is the GCS address (a driver on the cluster's network) instead of "
+                         "the Ray Client (ray://) address")
+    common(en)
     sub.add_parser("version", help="print the version")
     return p
 
@@ -287,8 +293,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                 out.print(f"  Dashboard:   {cluster.dashboard_url}")
         out.print("Next:")
         out.print(f"  raydist status {spec.name}")
-        out.print(f"  python -c 'import ray; ray.init(\"{cluster.client_address or 'ray://...'}\")'"
-                  "   # with RAY_AUTH_MODE=token and the token from RAYDIST_HOME/ray_auth_token")
+        out.print(f"  eval \"$(raydist env {spec.name})\"   # RAY_ADDRESS and the cluster's Ray token")
+        out.print("  python -c 'import ray; ray.init()'")
         out.print(f"  raydist down {spec.name}")
     return 1 if cluster.state == pb.FAILED else 0
 
@@ -344,11 +350,27 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_env(args: argparse.Namespace) -> int:
+    """The one command whose output holds a secret, because that is what it
+    is for; it says so on stderr when a person is looking."""
+    import shlex
+
+    creds = _client(args).credentials(args.name)
+    address = creds.address if args.gcs else creds.client_address
+    print(f"export RAY_ADDRESS={shlex.quote(address)}")
+    print("export RAY_AUTH_MODE=token")
+    print(f"export RAY_AUTH_TOKEN={shlex.quote(creds.ray_token)}")
+    if sys.stdout.isatty():
+        err.print(f"[dim]these lines hold {args.name}'s Ray token: use them as "
+                  f"eval \"$(raydist env {args.name})\"[/dim]")
+    return 0
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     from raydist._proto import pb
 
     client = _client(args)
-    for event in client.watch(args.name, timeout=None if args.follow else 2.0):
+    for event in client.watch(args.name, timeout=None if args.follow else 2.0, history=True):
         when = time.strftime("%H:%M:%S", time.localtime(event.time.seconds))
         if args.output == "json":
             out.print_json(json.dumps({"time": event.time.ToJsonString(), "state": pb.State.Name(event.state),
@@ -367,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"raydist {__version__}")
         return 0
     handlers = {"serve": cmd_serve, "up": cmd_up, "down": cmd_down, "status": cmd_status, "list": cmd_status,
-                "logs": cmd_logs}
+                "logs": cmd_logs, "env": cmd_env}
     try:
         return handlers[args.command](args)
     except RaydistError as exc:

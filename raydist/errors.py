@@ -148,6 +148,11 @@ class ClusterFailedError(RaydistError, RuntimeError):
     as Spark's distributors raise for a failed run."""
 
 
+class ClusterNotReadyError(RaydistError):
+    """The cluster exists but is not in a state that allows this (no head yet,
+    or gone); the message says which state and what to do."""
+
+
 class HomeInUseError(RaydistError):
     """Another control plane already serves this ``RAYDIST_HOME``: two would
     overwrite each other's store and tell each other's clusters apart wrong.

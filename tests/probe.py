@@ -11,10 +11,13 @@ import textwrap
 from typing import Any
 
 
-def run_py(code: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_py(code: str, env: dict[str, str], timeout: float = 120, *,
+           shell: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run Python ``code`` in a fresh interpreter (``shell``: run a bash
+    command line instead, as a user types it)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        ["bash", "-c", code] if shell else [sys.executable, "-c", textwrap.dedent(code)],
         env={**base, **env},
         capture_output=True,
         text=True,
@@ -29,13 +32,14 @@ def run_py(code: str, env: dict[str, str], timeout: float = 120) -> subprocess.C
 _CLIENT_SERVER_FLAKES = ("Starting Ray client server failed", "psutil.ZombieProcess")
 
 
-def run_client_py(code: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_client_py(code: str, env: dict[str, str], timeout: float = 120, *,
+                  shell: bool = False) -> subprocess.CompletedProcess[str]:
     """``run_py`` for a Ray Client (``ray://``) driver."""
     for _ in range(2):
-        proc = run_py(code, env, timeout)
+        proc = run_py(code, env, timeout, shell=shell)
         if proc.returncode == 0 or not any(flake in proc.stderr for flake in _CLIENT_SERVER_FLAKES):
             return proc
-    return run_py(code, env, timeout)
+    return run_py(code, env, timeout, shell=shell)
 
 
 def node_tasks(cluster: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import json
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from raydist.engine.procs import ray_processes, wait_no_ray_processes
 from raydist.errors import RPCError
 from raydist.spec import ClusterSpec
 from tests.control_server import Server
-from tests.probe import run_client_py
+from tests.probe import run_client_py, run_py
 
 pytestmark = pytest.mark.integration
 
@@ -45,14 +46,19 @@ def test_cli_up_status_client_down(server: Server) -> None:
         table = server.cli("status").stdout
         assert "NAME" in table and "demo" in table and "RUNNING" in table
 
-        # A Ray Client user with the cluster's token.
-        token = (server.home / "ray_auth_token").read_text().strip()
+        # A Ray Client user, as `raydist up` tells them: eval "$(raydist env demo)", then plain ray.init().
+        exports = server.cli("env", "demo")
+        assert exports.returncode == 0, exports.stderr
+        token = next(line.split("=", 1)[1] for line in exports.stdout.splitlines() if "RAY_AUTH_TOKEN=" in line)
+        assert f"RAY_ADDRESS={info['client_address']}" in exports.stdout
+        code = "import ray; ray.init(); print(ray.get(ray.remote(lambda: 'hi').remote()))"
         env = {k: v for k, v in server.env.items()}
-        env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
-        code = f"import ray; ray.init({info['client_address']!r}); print(ray.get(ray.remote(lambda: 'hi').remote()))"
-        ran = run_client_py(code, env)
+        ran = run_client_py(f'eval "$(raydist env demo)" && exec {sys.executable} -c "{code}"', env, shell=True)
         assert ran.returncode == 0 and ran.stdout.strip().endswith("hi"), ran.stderr[-2000:]
-        assert token not in up.stdout + up.stderr + status.stdout + table
+        logs = server.cli("logs", "demo").stdout
+        assert "credentials given to" in logs  # each hand-out is on record
+        for text in (up.stdout, up.stderr, status.stdout, table, logs, (server.home / "test-server.log").read_text()):
+            assert token not in text
     except BaseException:
         server.cli("down", "demo")  # the module's later tests need the executors back
         raise
@@ -103,7 +109,39 @@ def test_python_api_through_the_control_plane(server: Server, monkeypatch: pytes
         status = cluster.status()
         assert status.state.value == "RUNNING" and status.ready_workers == 1
         assert cluster.client_address.startswith("ray://")
+        env = {**server.env, **cluster.env()}  # what a subprocess of the notebook gets
+        ran = run_client_py("import ray; ray.init(); print(ray.get(ray.remote(lambda: 6 * 7).remote()))", env)
+        assert ran.returncode == 0 and ran.stdout.strip().endswith("42"), ran.stderr[-2000:]
     assert server.client().get("via-api").state == 5  # DELETED
+
+
+def test_each_cluster_has_its_own_ray_token(server: Server) -> None:
+    """A user of one cluster holds a token that no other cluster takes."""
+    client = server.client()
+    for name in ("tenant-a", "tenant-b"):
+        client.create(ClusterSpec(name=name, workers=1, cpus_per_worker=1))
+    try:
+        a, b = (client.wait(name, timeout=180) for name in ("tenant-a", "tenant-b"))
+        assert a.state == b.state == 2, (a.message, b.message)
+        creds_a, creds_b = client.credentials("tenant-a"), client.credentials("tenant-b")
+        assert creds_a.ray_token != creds_b.ray_token
+        code = "import ray; ray.init(); print(ray.get(ray.remote(lambda: 'in').remote()))"
+        base = {k: v for k, v in server.env.items()}
+        own = run_client_py(code, {**base, "RAY_ADDRESS": creds_b.client_address, "RAY_AUTH_MODE": "token",
+                                   "RAY_AUTH_TOKEN": creds_b.ray_token})
+        assert own.returncode == 0 and own.stdout.strip().endswith("in"), own.stderr[-2000:]
+        other = run_py(code, {**base, "RAY_ADDRESS": creds_b.client_address, "RAY_AUTH_MODE": "token",
+                              "RAY_AUTH_TOKEN": creds_a.ray_token}, timeout=120)
+        assert other.returncode != 0 and not other.stdout.strip().endswith("in")
+        with pytest.raises(RPCError) as missing:
+            client.credentials("no-such-cluster")
+        assert missing.value.code == "NOT_FOUND"
+        with pytest.raises(RPCError) as unauthenticated:
+            server.client(token="not-the-token").credentials("tenant-a")
+        assert unauthenticated.value.code == "UNAUTHENTICATED"
+    finally:
+        for name in ("tenant-a", "tenant-b"):
+            client.delete(name, allow_missing=True)
 
 
 def test_auth(server: Server) -> None:

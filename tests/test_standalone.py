@@ -87,9 +87,9 @@ def test_control_plane_on_standalone(deployment: Deployment, tmp_path: Path, no_
         info = json.loads(server.cli("status", "sa", "-o", "json").stdout)
         assert info["state"] == "RUNNING" and info["ready_workers"] == 2
         assert info["address"].startswith(sa.driver_host + ":")
-        token = (tmp_path / "ray_auth_token").read_text().strip()
+        creds = server.client().credentials("sa")
         env = {k: v for k, v in server.env.items() if k != "RAY_ADDRESS"}
-        env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+        env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": creds.ray_token})
         proc = run_client_py(
             f"""
             import ray

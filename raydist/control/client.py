@@ -139,14 +139,21 @@ class Client:
         return self._call("DeleteCluster", self._pb.DeleteClusterRequest(name=name, allow_missing=allow_missing),
                           timeout or max(self.timeout, 120.0), metadata)
 
+    def credentials(self, name: str, *, timeout: float | None = None) -> Any:
+        """Cluster ``name``'s addresses and Ray token (``ClusterCredentials``);
+        the server records the call as an event."""
+        return self._call("GetClusterCredentials", self._pb.GetClusterCredentialsRequest(name=name), timeout, None)
+
     def server_info(self, *, timeout: float | None = None) -> Any:
         return self._call("GetServerInfo", self._pb.GetServerInfoRequest(), timeout, None)
 
-    def watch(self, name: str, *, timeout: float | None = None) -> Iterator[Any]:
-        """Events of one cluster: its current state first, then each change
-        until DELETED or FAILED (or the deadline)."""
+    def watch(self, name: str, *, timeout: float | None = None, history: bool = False) -> Iterator[Any]:
+        """Events of one cluster: its current state first (``history``: every
+        recorded event), then each change until DELETED or FAILED (or the
+        deadline)."""
         try:
-            yield from self._stub.WatchCluster(self._pb.WatchClusterRequest(name=name), timeout=timeout or 600.0,
+            request = self._pb.WatchClusterRequest(name=name, history=history)
+            yield from self._stub.WatchCluster(request, timeout=timeout or 600.0,
                                                metadata=self._metadata())
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:

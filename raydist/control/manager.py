@@ -17,8 +17,15 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from raydist.control.store import ClusterRow, Store
+from raydist.engine.auth import RayToken
 from raydist.engine.cluster import RayCluster
-from raydist.errors import ClusterExistsError, ClusterNotFoundError, ControlPlaneUnavailableError, SpecError
+from raydist.errors import (
+    ClusterExistsError,
+    ClusterNotFoundError,
+    ClusterNotReadyError,
+    ControlPlaneUnavailableError,
+    SpecError,
+)
 from raydist.spec import ClusterSpec, State, spec_from_proto, spec_to_proto
 
 __all__ = ["ClusterManager"]
@@ -109,6 +116,25 @@ class ClusterManager:
             raise ClusterNotFoundError(name)
         return msg
 
+    def credentials(self, name: str, who: str) -> Any:
+        """How to reach cluster ``name`` (its Ray token included); records
+        that ``who`` asked, as an event, never the token."""
+        with self._lock:
+            row = self._store.get(name)
+            if row is None:
+                raise ClusterNotFoundError(name)
+            engine = self._engines.get(name)
+            state = State(row.state)
+        if engine is None or state not in (State.RUNNING, State.DEGRADED) or not engine.address:
+            raise ClusterNotReadyError(
+                f"cluster {name!r} is {state.value}: it has credentials only while RUNNING or DEGRADED; "
+                f"wait for it (`raydist status {name}`) or create it again")
+        self._store.add_event(name, state.value, f"credentials given to {who or 'a caller'}")
+        self._on_change(name)
+        return self._pb.ClusterCredentials(
+            name=name, address=engine.address, client_address=engine.client_address,
+            dashboard_url=engine.dashboard_url, ray_token=engine.token.reveal())
+
     def list(self, page_size: int, page_token: str) -> tuple[list[Any], str]:
         if page_size < 0 or page_size > 1000:
             raise SpecError("page_size", page_size, "expected 0 (default 100) to 1000")
@@ -181,7 +207,9 @@ class ClusterManager:
             self._sync(spec.name)
 
         try:
-            engine = RayCluster(spec, self.spark, on_event=on_event, head_ports=self._head_ports)
+            # A token of its own: a user of one cluster cannot reach another.
+            engine = RayCluster(spec, self.spark, token=RayToken.generate(), on_event=on_event,
+                                head_ports=self._head_ports)
             with self._lock:
                 self._engines[spec.name] = engine
             engine.start()

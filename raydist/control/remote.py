@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from raydist.control.client import Client
+from raydist.engine.auth import ProcessEnv, RayToken
 from raydist.errors import ClusterFailedError
 from raydist.spec import ClusterSpec, ClusterStatus, State
 
@@ -25,6 +26,7 @@ class RemoteCluster:
         self.address = ""
         self.client_address = ""
         self.dashboard_url = ""
+        self._process_env: ProcessEnv | None = None
 
     @property
     def name(self) -> str:
@@ -49,7 +51,34 @@ class RemoteCluster:
             created_at=cluster.create_time.ToNanoseconds() / 1e9, updated_at=cluster.update_time.ToNanoseconds() / 1e9,
         )
 
+    def env(self, *, client: bool = True) -> dict[str, str]:
+        """Environment for a process that should use this cluster:
+        ``RAY_ADDRESS`` (the ``ray://`` address, or the GCS address with
+        ``client=False``) and the cluster's own Ray token. The control plane
+        records each call."""
+        creds = self._client.credentials(self.name)
+        address = creds.client_address if client else creds.address
+        return {"RAY_ADDRESS": address, **RayToken(creds.ray_token).env()}
+
+    def connect(self, **init_kwargs: Any) -> Any:
+        """``ray.init`` against this cluster over Ray Client, with its token;
+        works from any host that reaches the control plane and the head's
+        client port."""
+        import ray
+
+        creds = self._client.credentials(self.name)
+        self._process_env = ProcessEnv(RayToken(creds.ray_token))
+        self._process_env.set({})
+        return ray.init(creds.client_address, **init_kwargs)
+
     def down(self) -> None:
+        import ray
+
+        if self._process_env is not None:
+            if ray.is_initialized():
+                ray.shutdown()
+            self._process_env.restore()
+            self._process_env = None
         self._client.delete(self.name, allow_missing=True)
 
     def __enter__(self) -> RemoteCluster:

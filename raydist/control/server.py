@@ -194,6 +194,10 @@ class ClusterService(rpc.ClusterServiceServicer):
         return await self._call("DeleteCluster", context,
                                 lambda: self.m.delete(request.name, request.allow_missing), blocking=True)
 
+    async def GetClusterCredentials(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        return await self._call("GetClusterCredentials", context,
+                                lambda: self.m.credentials(request.name, context.peer()))
+
     async def GetServerInfo(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         def info() -> Any:
             master, ui = self.m.spark_info()
@@ -211,8 +215,13 @@ class ClusterService(rpc.ClusterServiceServicer):
         self.metrics.count("WatchCluster", "OK")
         events = await asyncio.to_thread(self.m.events_after, request.name, 0)
         last = events[-1][0] if events else 0
-        yield pb.ClusterEvent(name=request.name, state=current.state, message=current.message,
-                              time=current.update_time, cluster=current)
+        if request.history and events:
+            for _, when, state, message in events:
+                yield pb.ClusterEvent(name=request.name, state=pb.State.Value(state), message=message,
+                                      time=_ts(when), cluster=current)
+        else:
+            yield pb.ClusterEvent(name=request.name, state=current.state, message=current.message,
+                                  time=current.update_time, cluster=current)
         if current.state in _TERMINAL:
             return
         while True:

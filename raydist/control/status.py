@@ -17,6 +17,7 @@ CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (errors.NodeStartTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (errors.AuthenticationError, grpc.StatusCode.UNAUTHENTICATED),
     (errors.ClusterFailedError, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.ClusterNotReadyError, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.ControlPlaneUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (errors.RaydistError, grpc.StatusCode.INTERNAL),
 ]

@@ -2,8 +2,11 @@
 
 Ray loads its token once per process (``RAY_AUTH_TOKEN``, then
 ``RAY_AUTH_TOKEN_PATH``, then ``~/.ray/auth_token``) and caches it, so a process
-can talk to clusters of one token only. raydist therefore keeps one token per
-``RAYDIST_HOME`` (mode 0600) and gives it to every cluster started from there.
+can talk to clusters of one token only. In a notebook (``raydist.up`` in
+process) raydist therefore keeps one token per ``RAYDIST_HOME`` (mode 0600)
+and gives it to every cluster started from there. The control plane gives
+each cluster a token of its own, kept in its memory only, and hands it out
+through ``GetClusterCredentials`` to callers holding the control token.
 
 Every Ray process raydist starts gets ``RAY_AUTH_MODE=token`` explicitly: with a
 ``~/.ray/auth_token`` on the machine, ``ray start --head`` would otherwise turn
@@ -29,6 +32,11 @@ class RayToken:
     """A Ray auth token that never shows itself in reprs, logs or tracebacks."""
 
     _value: str
+
+    @classmethod
+    def generate(cls) -> RayToken:
+        """A new random token (a cluster of its own, as the control plane gives each)."""
+        return cls(secrets.token_hex(32))
 
     def reveal(self) -> str:
         """The secret itself, for a process environment; never for printing."""

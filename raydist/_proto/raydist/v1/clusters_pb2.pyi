@@ -170,10 +170,32 @@ class DeleteClusterRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., allow_missing: _Optional[bool] = ...) -> None: ...
 
 class WatchClusterRequest(_message.Message):
+    __slots__ = ("name", "history")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    history: bool
+    def __init__(self, name: _Optional[str] = ..., history: _Optional[bool] = ...) -> None: ...
+
+class GetClusterCredentialsRequest(_message.Message):
     __slots__ = ("name",)
     NAME_FIELD_NUMBER: _ClassVar[int]
     name: str
     def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ClusterCredentials(_message.Message):
+    __slots__ = ("name", "address", "client_address", "dashboard_url", "ray_token")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DASHBOARD_URL_FIELD_NUMBER: _ClassVar[int]
+    RAY_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    address: str
+    client_address: str
+    dashboard_url: str
+    ray_token: str
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., client_address: _Optional[str] = ..., dashboard_url: _Optional[str] = ..., ray_token: _Optional[str] = ...) -> None: ...
 
 class GetServerInfoRequest(_message.Message):
     __slots__ = ()

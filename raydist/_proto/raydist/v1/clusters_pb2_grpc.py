@@ -65,6 +65,11 @@ class ClusterServiceStub:
                 request_serializer=raydist_dot_v1_dot_clusters__pb2.GetServerInfoRequest.SerializeToString,
                 response_deserializer=raydist_dot_v1_dot_clusters__pb2.ServerInfo.FromString,
                 _registered_method=True)
+        self.GetClusterCredentials = channel.unary_unary(
+                '/raydist.v1.ClusterService/GetClusterCredentials',
+                request_serializer=raydist_dot_v1_dot_clusters__pb2.GetClusterCredentialsRequest.SerializeToString,
+                response_deserializer=raydist_dot_v1_dot_clusters__pb2.ClusterCredentials.FromString,
+                _registered_method=True)
 
 
 class ClusterServiceServicer:
@@ -96,7 +101,8 @@ class ClusterServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchCluster(self, request, context):
-        """The current state first, then each event until a terminal state.
+        """The current state first (or, with history, every recorded event), then
+        each event until a terminal state.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -104,6 +110,13 @@ class ClusterServiceServicer:
 
     def GetServerInfo(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetClusterCredentials(self, request, context):
+        """The cluster's addresses and Ray token, for a caller holding the control token.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -140,6 +153,11 @@ def add_ClusterServiceServicer_to_server(servicer, server):
                     servicer.GetServerInfo,
                     request_deserializer=raydist_dot_v1_dot_clusters__pb2.GetServerInfoRequest.FromString,
                     response_serializer=raydist_dot_v1_dot_clusters__pb2.ServerInfo.SerializeToString,
+            ),
+            'GetClusterCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetClusterCredentials,
+                    request_deserializer=raydist_dot_v1_dot_clusters__pb2.GetClusterCredentialsRequest.FromString,
+                    response_serializer=raydist_dot_v1_dot_clusters__pb2.ClusterCredentials.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -304,6 +322,33 @@ class ClusterService:
             '/raydist.v1.ClusterService/GetServerInfo',
             raydist_dot_v1_dot_clusters__pb2.GetServerInfoRequest.SerializeToString,
             raydist_dot_v1_dot_clusters__pb2.ServerInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetClusterCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raydist.v1.ClusterService/GetClusterCredentials',
+            raydist_dot_v1_dot_clusters__pb2.GetClusterCredentialsRequest.SerializeToString,
+            raydist_dot_v1_dot_clusters__pb2.ClusterCredentials.FromString,
             options,
             channel_credentials,
             insecure,
