@@ -22,6 +22,7 @@ from typing import Any
 from raydist.errors import SpecError
 
 __all__ = [
+    "check_name",
     "ClusterSpec",
     "State",
     "NodeStatus",
@@ -131,6 +132,18 @@ def _check_int(name: str, value: Any, low: int, high: int) -> int:
     return value
 
 
+def check_name(name: object, field: str = "name") -> str:
+    """``name`` when it is a valid cluster name; SpecError naming ``field`` else."""
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise SpecError(
+            field,
+            name,
+            "a cluster name is a DNS label: lower-case letters, digits and '-', "
+            "starting and ending with a letter or digit, at most 63 characters",
+        )
+    return name
+
+
 @dataclass(frozen=True, repr=False)
 class ClusterSpec:
     """What a Ray cluster on Spark should look like.
@@ -194,13 +207,7 @@ class ClusterSpec:
         def put(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
-        if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
-            raise SpecError(
-                "name",
-                self.name,
-                "a cluster name is a DNS label: lower-case letters, digits and '-', "
-                "starting and ending with a letter or digit, at most 63 characters",
-            )
+        check_name(self.name)
         self._normalize_workers(put)
         if self.cpus_per_worker is not None:
             put("cpus_per_worker", _check_int("cpus_per_worker", self.cpus_per_worker, 1, MAX_CPUS))

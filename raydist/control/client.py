@@ -109,15 +109,17 @@ class Client:
     # the API -------------------------------------------------------------------
 
     def create(self, spec: Any, request_id: str = "", *, restart_on_server_restart: bool = False,
-               timeout: float | None = None, metadata: list[tuple[str, str]] | None = None) -> Any:
-        """Create a cluster from a ``ClusterSpec`` (or its proto); returns at once in CREATING."""
+               validate_only: bool = False, timeout: float | None = None,
+               metadata: list[tuple[str, str]] | None = None) -> Any:
+        """Create a cluster from a ``ClusterSpec`` (or its proto); returns at once in CREATING.
+        ``validate_only``: the server checks the request and creates nothing."""
         from raydist.spec import ClusterSpec, spec_to_proto
 
         msg = spec_to_proto(spec) if isinstance(spec, ClusterSpec) else spec
         msg.restart_on_server_restart = restart_on_server_restart
+        request = self._pb.CreateClusterRequest(spec=msg, request_id=request_id, validate_only=validate_only)
         # The first create on a fresh server waits for its Spark to start.
-        return self._call("CreateCluster", self._pb.CreateClusterRequest(spec=msg, request_id=request_id),
-                          timeout or max(self.timeout, 180.0), metadata)
+        return self._call("CreateCluster", request, timeout or max(self.timeout, 180.0), metadata)
 
     def get(self, name: str, *, timeout: float | None = None, metadata: list[tuple[str, str]] | None = None) -> Any:
         return self._call("GetCluster", self._pb.GetClusterRequest(name=name), timeout, metadata)

@@ -26,7 +26,7 @@ from raydist.errors import (
     ControlPlaneUnavailableError,
     SpecError,
 )
-from raydist.spec import ClusterSpec, State, spec_from_proto, spec_to_proto
+from raydist.spec import ClusterSpec, State, check_name, spec_from_proto, spec_to_proto
 
 __all__ = ["ClusterManager"]
 
@@ -110,6 +110,7 @@ class ClusterManager:
     # reads (from memory) ----------------------------------------------------
 
     def get(self, name: str) -> Any:
+        check_name(name)
         with self._lock:
             msg = self._cache.get(name)
         if msg is None:
@@ -119,6 +120,7 @@ class ClusterManager:
     def credentials(self, name: str, who: str) -> Any:
         """How to reach cluster ``name`` (its Ray token included); records
         that ``who`` asked, as an event, never the token."""
+        check_name(name)
         with self._lock:
             row = self._store.get(name)
             if row is None:
@@ -138,6 +140,8 @@ class ClusterManager:
     def list(self, page_size: int, page_token: str) -> tuple[list[Any], str]:
         if page_size < 0 or page_size > 1000:
             raise SpecError("page_size", page_size, "expected 0 (default 100) to 1000")
+        if page_token:
+            check_name(page_token, "page_token")  # tokens are the last name of the page before
         size = page_size or 100
         with self._lock:
             names = sorted(n for n in self._cache if n > page_token)
@@ -159,8 +163,12 @@ class ClusterManager:
 
     # writes ----------------------------------------------------------------
 
-    def create(self, spec_msg: Any, request_id: str) -> Any:
+    def create(self, spec_msg: Any, request_id: str, *, validate_only: bool = False) -> Any:
+        """Create a cluster from its proto; returns it in CREATING at once.
+        ``validate_only``: every check a create makes, nothing created."""
         spec = spec_from_proto(spec_msg)
+        if len(request_id) > 128 or not request_id.isascii() or not request_id.isprintable():
+            raise SpecError("request_id", request_id[:40], "expected at most 128 printable ASCII characters")
         if spec.spark_conf:
             raise SpecError(
                 "spark_conf", sorted(spec.spark_conf),
@@ -193,6 +201,9 @@ class ClusterManager:
                 else:
                     detail = "with another spec; delete it first or pick another name"
                 raise ClusterExistsError(spec.name, detail)
+            if validate_only:
+                return self._pb.Cluster(spec=spec_to_proto(spec), desired_workers=spec.desired_workers,
+                                        message="valid; nothing created (validate_only)")
             row = ClusterRow(name=spec.name, spec=spec.to_dict(), state=State.CREATING.value, message="accepted",
                              desired_workers=spec.desired_workers, request_id=request_id, restart=restart)
             self._store.put(row)
@@ -236,6 +247,7 @@ class ClusterManager:
             self._refresh(row)
 
     def delete(self, name: str, allow_missing: bool) -> Any:
+        check_name(name)
         with self._lock:
             row = self._store.get(name)
             if row is None or row.state == State.DELETED.value:

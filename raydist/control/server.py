@@ -178,7 +178,9 @@ class ClusterService(rpc.ClusterServiceServicer):
 
     async def CreateCluster(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         return await self._call("CreateCluster", context,
-                                lambda: self.m.create(request.spec, request.request_id), blocking=True)
+                                lambda: self.m.create(request.spec, request.request_id,
+                                                      validate_only=request.validate_only),
+                                blocking=True)
 
     async def GetCluster(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         return await self._call("GetCluster", context, lambda: self.m.get(request.name))

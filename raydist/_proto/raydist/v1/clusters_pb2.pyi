@@ -132,12 +132,14 @@ class ClusterEvent(_message.Message):
     def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[State, str]] = ..., message: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cluster: _Optional[_Union[Cluster, _Mapping]] = ...) -> None: ...
 
 class CreateClusterRequest(_message.Message):
-    __slots__ = ("spec", "request_id")
+    __slots__ = ("spec", "request_id", "validate_only")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
     spec: ClusterSpec
     request_id: str
-    def __init__(self, spec: _Optional[_Union[ClusterSpec, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    validate_only: bool
+    def __init__(self, spec: _Optional[_Union[ClusterSpec, _Mapping]] = ..., request_id: _Optional[str] = ..., validate_only: _Optional[bool] = ...) -> None: ...
 
 class GetClusterRequest(_message.Message):
     __slots__ = ("name",)

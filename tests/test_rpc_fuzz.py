@@ -1,0 +1,213 @@
+"""Generated requests against a real `raydist serve`: at least 1,000 per RPC.
+
+Each request is built field by field from the RPC's request descriptor, so a
+field added to the protos is fuzzed without a change here. The oracle is the
+library's own validation: every request is answered INVALID_ARGUMENT naming
+the field the library names, or is accepted (with the answer a valid request
+gets); and the server is still serving at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf.descriptor import FieldDescriptor
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from raydist.engine.ports import free_port
+from raydist.engine.procs import ray_processes, wait_no_ray_processes
+from raydist.errors import SpecError
+from raydist.spec import check_name, spec_from_proto
+from tests.control_server import Server
+
+pytestmark = pytest.mark.integration
+
+EXAMPLES = 1000
+_SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+_TEXT = st.one_of(
+    st.text(max_size=70),
+    st.sampled_from(["", "a", "ok-1", "UPPER", "-lead", "trail-", "a" * 63, "a" * 64, "a_b", "a\n", "é", "x\x00"]),
+)
+_INT32 = st.one_of(st.integers(-3, 8), st.integers(-(2**31), 2**31 - 1))
+_INT64 = st.one_of(st.integers(-3, 1 << 34), st.integers(-(2**63), 2**63 - 1))
+_DOUBLE = st.one_of(st.sampled_from([0.0, 0.5, 1.0, 2.0, -1.0]), st.floats(allow_nan=True, allow_infinity=True))
+_SCALARS = {
+    FieldDescriptor.TYPE_STRING: _TEXT,
+    FieldDescriptor.TYPE_BOOL: st.booleans(),
+    FieldDescriptor.TYPE_INT32: _INT32,
+    FieldDescriptor.TYPE_INT64: _INT64,
+    FieldDescriptor.TYPE_DOUBLE: _DOUBLE,
+    FieldDescriptor.TYPE_FLOAT: _DOUBLE.map(lambda x: x if not math.isfinite(x) or abs(x) < 3e38 else 1.0),
+}
+
+
+@st.composite
+def messages(draw: st.DrawFn, cls: Any, depth: int = 0) -> Any:
+    """One message of ``cls`` with a random subset of its fields set to random values."""
+    msg = cls()
+    for field in cls.DESCRIPTOR.fields:
+        if not draw(st.booleans()):
+            continue
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            entries = draw(st.dictionaries(_TEXT, _TEXT, max_size=3))
+            getattr(msg, field.name).update(entries)
+        elif field.message_type is not None:
+            if depth < 2:
+                getattr(msg, field.name).CopyFrom(draw(messages(_message_class(cls, field), depth + 1)))
+        elif field.type == FieldDescriptor.TYPE_ENUM:
+            setattr(msg, field.name, draw(st.sampled_from([v.number for v in field.enum_type.values])))
+        else:
+            setattr(msg, field.name, draw(_SCALARS[field.type]))
+    return msg
+
+
+def _message_class(parent: Any, field: FieldDescriptor) -> Any:
+    from google.protobuf import message_factory
+
+    return message_factory.GetMessageClass(field.message_type)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    before = {p.pid for p in ray_processes()}
+    srv = Server(tmp_path_factory.mktemp("fuzz-home"), free_port()).start()
+    try:
+        yield srv
+    finally:
+        assert srv.stop() == 0
+        assert not wait_no_ray_processes(ignore=before)
+
+
+@pytest.fixture(scope="module")
+def stub(server: Server) -> Iterator[Any]:
+    from raydist._proto import rpc
+
+    with grpc.insecure_channel(server.address) as channel:
+        yield rpc.ClusterServiceStub(channel)
+
+
+def _call(server: Server, method: Any, request: Any, stream: bool = False) -> tuple[grpc.StatusCode, str, Any]:
+    meta = [("authorization", f"Bearer {server.token}")]
+    try:
+        if stream:
+            calls = method(request, metadata=meta, timeout=3)
+            first = next(iter(calls))
+            calls.cancel()
+            return grpc.StatusCode.OK, "", first
+        return grpc.StatusCode.OK, "", method(request, metadata=meta, timeout=60)
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details() or "", None
+
+
+def _expect_invalid(code: grpc.StatusCode, details: str, error: SpecError) -> None:
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details, error)
+    assert details.startswith(str(error.field).split("[")[0]), (details, error.field)
+
+
+def _name_oracle(name: str) -> SpecError | None:
+    try:
+        check_name(name)
+        return None
+    except SpecError as exc:
+        return exc
+
+
+def test_create(server: Server, stub: Any) -> None:
+    from raydist._proto import pb
+
+    answers: dict[str, int] = {}
+
+    @_SETTINGS
+    @given(request=messages(pb.CreateClusterRequest))
+    def check(request: Any) -> None:
+        request.validate_only = True  # every check a create makes, nothing started
+        try:
+            spec_from_proto(request.spec)
+            rid = request.request_id
+            if len(rid) > 128 or not rid.isascii() or not rid.isprintable():
+                raise SpecError("request_id", rid, "bad")
+            if request.spec.spark_conf:
+                raise SpecError("spark_conf", "", "refused")
+            error = None
+        except SpecError as exc:
+            error = exc
+        code, details, reply = _call(server, stub.CreateCluster, request)
+        answers[code.name] = answers.get(code.name, 0) + 1
+        if error is not None:
+            _expect_invalid(code, details, error)
+        else:
+            assert code in (grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED), (code, details)
+            if code == grpc.StatusCode.OK:
+                assert reply.spec.name == request.spec.name and reply.state == pb.STATE_UNSPECIFIED
+
+    check()
+    assert answers.get("INVALID_ARGUMENT", 0) > 0
+    assert sum(answers.values()) >= EXAMPLES, answers
+    assert not server.client().list()  # validate_only created nothing
+
+
+@pytest.mark.parametrize("rpc_name", ["GetCluster", "DeleteCluster", "WatchCluster", "GetClusterCredentials"])
+def test_by_name(server: Server, stub: Any, rpc_name: str) -> None:
+    from raydist._proto import pb
+
+    request_cls = getattr(pb, f"{rpc_name}Request")
+    count = 0
+
+    @_SETTINGS
+    @given(request=messages(request_cls))
+    def check(request: Any) -> None:
+        nonlocal count
+        count += 1
+        code, details, _ = _call(server, getattr(stub, rpc_name), request, stream=rpc_name == "WatchCluster")
+        error = _name_oracle(request.name)
+        if error is not None:
+            _expect_invalid(code, details, error)
+        elif rpc_name == "DeleteCluster" and request.allow_missing:
+            assert code == grpc.StatusCode.OK, (code, details)
+        else:
+            assert code == grpc.StatusCode.NOT_FOUND, (code, details)  # no cluster exists here
+            assert request.name in details
+
+    check()
+    assert count >= EXAMPLES
+
+
+def test_list_and_server_info(server: Server, stub: Any) -> None:
+    from raydist._proto import pb
+
+    count = 0
+
+    @_SETTINGS
+    @given(listing=messages(pb.ListClustersRequest), info=messages(pb.GetServerInfoRequest))
+    def check(listing: Any, info: Any) -> None:
+        nonlocal count
+        count += 1
+        code, details, reply = _call(server, stub.ListClusters, listing)
+        if not 0 <= listing.page_size <= 1000:
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("page_size"), (code, details)
+        elif listing.page_token and _name_oracle(listing.page_token):
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("page_token"), (code, details)
+        else:
+            assert code == grpc.StatusCode.OK and list(reply.clusters) == [], (code, details)
+        code, details, reply = _call(server, stub.GetServerInfo, info)
+        assert code == grpc.StatusCode.OK and reply.version, (code, details)
+
+    check()
+    assert count >= EXAMPLES
+
+
+def test_the_server_still_serves_after_the_fuzz(server: Server) -> None:
+    assert server.proc is not None and server.proc.poll() is None
+    assert server.client().server_info().version
+    log = Path(server.home / "test-server.log").read_text()
+    assert "Traceback" not in log, log[-3000:]
+    assert json.loads((server.home / "server.json").read_text())["pid"] == server.proc.pid
