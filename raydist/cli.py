@@ -69,6 +69,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--metrics-port", type=int, help="Prometheus port (0 picks one, -1 turns it off)")
     s.add_argument("--idle-stop-s", type=float, help="stop after this many seconds without a cluster (0: never)")
     s.add_argument("--stop", action="store_true", help="stop the control plane serving RAYDIST_HOME, then exit")
+    s.add_argument("--head", choices=("auto", "executor", "driver"),
+                   help="where each cluster's head runs: a Spark task of its own (executor: tenants stay out "
+                        "of the control plane's processes) or beside the control plane (driver); auto "
+                        "(default): executor unless the master is local")
 
     u = sub.add_parser("up", help="create a cluster and wait until it is ready")
     u.add_argument("name")
@@ -252,7 +256,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cfg = ServerConfig.load(args.config).merged(
         host=args.host, port=args.port, spark_master=args.spark_master, tls_cert=args.tls_cert,
         tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, metrics_port=args.metrics_port,
-        spark_conf=dict(args.spark_conf) or None, idle_stop_s=args.idle_stop_s,
+        spark_conf=dict(args.spark_conf) or None, idle_stop_s=args.idle_stop_s, head=args.head,
     )
     return asyncio.run(serve(cfg, ready=lambda addr: print(f"raydist control plane ready on {addr}", flush=True)))
 

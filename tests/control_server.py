@@ -48,7 +48,8 @@ class Server:
         return (self.home / "control_token").read_text().strip()
 
     def client(self, **kw: object) -> Client:
-        return Client(self.address, token=kw.pop("token", self.token), **kw)  # type: ignore[arg-type]
+        token = kw.pop("token") if "token" in kw else self.token
+        return Client(self.address, token=token, **kw)  # type: ignore[arg-type]
 
     def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "raydist.cli", *args], env=self.env, capture_output=True,

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raydist.engine.cluster import HEAD_PORTS
+from raydist.engine.launch import HEAD_PORTS
 from raydist.errors import SpecError
 
 __all__ = ["CONFIG_ENV", "ServerConfig"]
@@ -46,6 +46,8 @@ _SERVER_KEYS = {"host": str, "port": int, "metrics_port": int, "grace_s": float,
 _KIND_WORDS = {str: "a string", int: "a whole number", float: "a number"}
 #: `[ray] <name>_port` for each head port the engine lets a deployment pin.
 _RAY_KEYS = {f"{name}_port": name for name in HEAD_PORTS}
+#: Where each cluster's head runs.
+HEAD_PLACES = ("auto", "executor", "driver")
 
 
 @dataclass
@@ -63,8 +65,15 @@ class ServerConfig:
         spark_master: the Spark target; an embedded ``local-cluster`` when unset.
         spark_conf: Spark settings for the server's SparkSession.
         head_ports: fixed head ports (``gcs``, ``client``, ``dashboard``) for
-            the first cluster, so a Service or firewall can name them; later
-            clusters get free ports.
+            the first cluster on a host, so a firewall rule can name them;
+            later clusters there get free ports.
+        head: where each cluster's head runs: ``executor``, a Spark task of
+            its own, so that no tenant code runs in the control plane's
+            process tree where its secrets are; ``driver``, beside the control
+            plane (one task slot fewer per cluster); ``auto`` (default):
+            ``executor`` on a cluster manager (``spark://``, ``k8s://``,
+            YARN), ``driver`` on a ``local``/``local-cluster`` master, whose
+            executors are the control plane's own children anyway.
     """
 
     host: str = "127.0.0.1"
@@ -78,8 +87,11 @@ class ServerConfig:
     idle_stop_s: float = 0.0
     spark_conf: dict[str, str] = field(default_factory=dict)
     head_ports: dict[str, int] = field(default_factory=dict)
+    head: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.head not in HEAD_PLACES:
+            raise SpecError("ray.head", self.head, f"one of {', '.join(HEAD_PLACES)}")
         for name in ("port", "metrics_port"):
             value = getattr(self, name)
             low = -1 if name == "metrics_port" else 0
@@ -151,9 +163,12 @@ class ServerConfig:
                 raise SpecError(f"spark.{key}", value, "keys are 'master' and 'conf'")
         ports = {}
         for key, value in _table(data, "ray").items():
-            if key not in _RAY_KEYS:
-                raise SpecError(f"ray.{key}", value, f"one of {', '.join(sorted(_RAY_KEYS))}")
-            ports[_RAY_KEYS[key]] = value
+            if key == "head":
+                kw["head"] = value
+            elif key not in _RAY_KEYS:
+                raise SpecError(f"ray.{key}", value, f"one of {', '.join(sorted([*_RAY_KEYS, 'head']))}")
+            else:
+                ports[_RAY_KEYS[key]] = value
         kw["head_ports"] = ports
         return cls(**kw)
 
@@ -169,6 +184,13 @@ class ServerConfig:
             raise SpecError("--config" if path else CONFIG_ENV, str(where),
                             f"a readable raydist.toml ({exc.strerror})") from None
         return cls.from_toml(text, str(where))
+
+    def heads_in_tasks(self) -> bool:
+        """Whether clusters' heads run in Spark tasks (``head``, resolved)."""
+        if self.head != "auto":
+            return self.head == "executor"
+        master = self.spark_master or os.environ.get("RAYDIST_SPARK_MASTER") or ""
+        return bool(master) and not master.startswith("local")
 
     def merged(self, **overrides: Any) -> ServerConfig:
         """A copy with the given fields replaced; ``None`` leaves a field as is,

@@ -43,7 +43,7 @@ class ClusterManager:
     """The control plane's clusters: engine objects, store rows, cached protos."""
 
     def __init__(self, store: Store, spark_factory: Callable[[], Any], on_change: Callable[[str], None], *,
-                 head_ports: Mapping[str, int] | None = None) -> None:
+                 head_ports: Mapping[str, int] | None = None, head_in_task: bool = True) -> None:
         from raydist._proto import pb
 
         self._pb = pb
@@ -57,6 +57,7 @@ class ClusterManager:
         self._spark_lock = threading.Lock()
         self._spark_error = ""
         self._head_ports = dict(head_ports or {})
+        self._head_in_task = head_in_task
 
     # Spark -------------------------------------------------------------------
 
@@ -190,7 +191,8 @@ class ClusterManager:
             from raydist.engine import spark as spark_side
 
             cap = spark_side.capacity(self.spark)
-            spark_side.check_fits(spec, cap, spec.cpus_per_worker or cap.cores_per_executor)
+            spark_side.check_fits(spec, cap, spec.cpus_per_worker or cap.cores_per_executor,
+                                  max(1, spec.head_cpus) if self._head_in_task else 0)
         with self._lock:
             row = self._store.get(spec.name)
             if row is not None and row.state not in (State.DELETED.value, State.FAILED.value):
@@ -220,7 +222,7 @@ class ClusterManager:
         try:
             # A token of its own: a user of one cluster cannot reach another.
             engine = RayCluster(spec, self.spark, token=RayToken.generate(), on_event=on_event,
-                                head_ports=self._head_ports)
+                                head_ports=self._head_ports, head_in_task=self._head_in_task)
             with self._lock:
                 self._engines[spec.name] = engine
             engine.start()
@@ -319,7 +321,8 @@ class ClusterManager:
                     time.sleep(2.0)
             try:
                 cap = spark_side.capacity(spark)
-                spark_side.check_fits(spec, cap, spec.cpus_per_worker or cap.cores_per_executor)
+                spark_side.check_fits(spec, cap, spec.cpus_per_worker or cap.cores_per_executor,
+                                  max(1, spec.head_cpus) if self._head_in_task else 0)
             except Exception as exc:  # noqa: BLE001 - the reason goes to the row, the server keeps serving
                 self._fail(name, f"could not start again after the control plane restarted: {exc}")
                 continue

@@ -277,7 +277,7 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
     home_lock = hold_home(state_dir)  # one control plane per home, held until this process ends
     store = Store(state_dir / "state.db")
     manager = ClusterManager(store, lambda: embedded_session(config.spark_master, config.spark_conf), notify,
-                             head_ports=config.head_ports)
+                             head_ports=config.head_ports, head_in_task=config.heads_in_tasks())
     metrics = _Metrics(manager.states)
     auth = _AuthInterceptor(load_or_create_server_token(), metrics)  # before Spark starts (see there)
 

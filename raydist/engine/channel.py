@@ -79,8 +79,12 @@ class NodeLink:
 
     def stop(self) -> None:
         """Ask the supervisor to tear its node down now."""
+        self.tell({"cmd": "stop"})
+
+    def tell(self, message: dict[str, Any]) -> None:
+        """Send the supervisor a command (``stop``; ``head`` with its address)."""
         if self._sock is not None:
-            send(self._sock, self._lock, {"cmd": "stop"})
+            send(self._sock, self._lock, message)
 
 
 #: Called with (event, link): event is "hello", "started", "log", "stopped" or "closed".

@@ -19,7 +19,6 @@ import logging
 import os
 import secrets
 import shutil
-import signal
 import sys
 import threading
 import time
@@ -27,21 +26,19 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from raydist.engine import spark as spark_side
 from raydist.engine.auth import ProcessEnv, RayToken, load_or_create_token
 from raydist.engine.channel import NodeChannel, NodeLink
-from raydist.engine.launch import HEAD_KEY, NodePlan, node_plans, route_ip, run_worker_node, start_head
+from raydist.engine.head import Head
+from raydist.engine.launch import HEAD_KEY, HEAD_PORTS, NodePlan, node_plans, route_ip, run_worker_node
 from raydist.engine.outbox import Outbox
 from raydist.engine.ports import preferred_or_free_port
 from raydist.engine.procs import wait_processes_gone
 from raydist.engine.slot import WorkerSlot, keep_filled
 from raydist.errors import ClusterFailedError, NodeStartTimeoutError
-from raydist.spec import ClusterSpec, ClusterStatus, NodeStatus, State
+from raydist.spec import ClusterSpec, ClusterStatus, State
 
 if TYPE_CHECKING:
-    import subprocess
 
     from pyspark.sql import SparkSession
 
@@ -50,8 +47,6 @@ __all__ = ["HEAD_PORTS", "RayCluster"]
 log = logging.getLogger(__name__)
 
 EventListener = Callable[[str, str], None]
-#: The head ports a deployment may pin (``head_ports``): the rest are free ports.
-HEAD_PORTS = ("gcs", "dashboard", "client")
 
 
 class RayCluster:
@@ -61,7 +56,9 @@ class RayCluster:
     context manager: leaving the ``with`` block tears the cluster down.
     ``head_ports`` pins head ports by name (``gcs``, ``client``,
     ``dashboard``) when they are free, so a Service or firewall rule can name
-    them; the others are free ports.
+    them; the others are free ports. ``head_in_task`` runs the head in a Spark
+    task of its own instead of on the driver (the control plane does: no
+    tenant code then runs in its process tree, where its secrets are).
 
     Attributes:
         spec: the desired cluster.
@@ -79,6 +76,7 @@ class RayCluster:
         token: RayToken | None = None,
         on_event: EventListener | None = None,
         head_ports: Mapping[str, int] | None = None,
+        head_in_task: bool = False,
     ) -> None:
         self.spec = spec
         self._head_ports = dict(head_ports or {})
@@ -98,9 +96,7 @@ class RayCluster:
         self._updated = self._created
         self._events: deque[tuple[float, str]] = deque(maxlen=200)
         self._slots = [WorkerSlot(i, f"w{i}") for i in range(spec.desired_workers)]
-        self._head_link: NodeLink | None = None
-        self._head_up = False
-        self._head_proc: subprocess.Popen[bytes] | None = None
+        self._head = Head(in_task=head_in_task)
         self._channel: NodeChannel | None = None
         self._profile: Any = None
         self._worker_plan: NodePlan | None = None
@@ -177,7 +173,7 @@ class RayCluster:
         spec = self.spec
         cap = spark_side.capacity(self._spark)
         cpus = spec.cpus_per_worker or cap.cores_per_executor
-        spark_side.check_fits(spec, cap, cpus)
+        spark_side.check_fits(spec, cap, cpus, max(1, spec.head_cpus) if self._head.in_task else 0)
         self._deadline = time.monotonic() + spec.start_timeout_s
         # down() waits for a launch in progress, and a launch after down()
         # starts nothing: a delete while the head starts leaves no node behind.
@@ -197,11 +193,11 @@ class RayCluster:
         workers' resources). Tears the cluster down and raises
         ClusterFailedError when the head does not start."""
         with self._changed:
-            while not self._head_up and not self._state.terminal and time.monotonic() < self._deadline:
-                if self._head_proc is not None and self._head_proc.poll() is not None:
+            while not self._head.up and not self._state.terminal and time.monotonic() < self._deadline:
+                if self._head.gone():
                     break
                 self._changed.wait(0.5)
-            up = self._head_up
+            up = self._head.up
         if not up:
             self.wait_ready()  # raises what went wrong, after teardown
 
@@ -217,31 +213,8 @@ class RayCluster:
     def status(self) -> ClusterStatus:
         """The observed state: RUNNING, DEGRADED (with the reason)..."""
         with self._lock:
-            nodes = [
-                NodeStatus(
-                    key=HEAD_KEY,
-                    up=self._head_up,
-                    host=self._head_link.host if self._head_link else "",
-                    node_ip=self._head_link.node_ip if self._head_link else "",
-                    cpus=self.spec.head_cpus,
-                    gpus=self.spec.head_gpus,
-                )
-            ]
-            for slot in self._slots:
-                info = slot.link.info if slot.link else {}
-                nodes.append(
-                    NodeStatus(
-                        key=slot.key,
-                        up=slot.up,
-                        host=slot.link.host if slot.link else "",
-                        node_ip=slot.link.node_ip if slot.link else "",
-                        cpus=int(info.get("cpus", 0)),
-                        gpus=int(info.get("gpus", 0)),
-                        gpu_ids=tuple(info.get("gpu_ids", ())),
-                        restarts=slot.restarts,
-                        message=slot.last_reason,
-                    )
-                )
+            nodes = [self._head.status(self.spec.head_cpus, self.spec.head_gpus)]
+            nodes += [slot.status() for slot in self._slots]
             return ClusterStatus(
                 name=self.name,
                 state=self._state,
@@ -296,18 +269,7 @@ class RayCluster:
         channel = self._channel
         if channel is not None:
             channel.stop_all()
-        if self._head_proc is not None:
-            try:
-                self._head_proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except Exception:  # noqa: BLE001 - still escalate below
-                # The supervisor runs in a session of its own: end its whole
-                # process group, not the supervisor alone (its Ray processes
-                # would outlive it).
-                try:
-                    os.killpg(self._head_proc.pid, signal.SIGKILL)
-                except OSError:
-                    self._head_proc.kill()
-                self._head_proc.wait(timeout=5)
+        self._head.wait_stopped(deadline)
         if channel is not None:
             for link in channel.links().values():
                 link.closed.wait(max(0.0, deadline - time.monotonic()))
@@ -315,9 +277,9 @@ class RayCluster:
             self._spark.sparkContext.cancelJobGroup(self._group)
         except Exception as exc:  # noqa: BLE001 - a stopped SparkContext has no jobs left
             log.debug("cancelJobGroup(%s): %s", self._group, exc)
-        for slot in self._slots:
-            if slot.thread is not None and slot.thread is not threading.current_thread():
-                slot.thread.join(max(0.1, deadline - time.monotonic()))
+        for thread in [s.thread for s in self._slots] + [self._head.thread]:
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(max(0.1, deadline - time.monotonic()))
         if channel is not None:
             channel.close()
         if wait_processes_gone(f"raydist-{self._uid}", deadline):
@@ -328,7 +290,7 @@ class RayCluster:
         with self._lock:
             for slot in self._slots:
                 slot.up = False
-            self._head_up = False
+            self._head.up = False
             if failed:
                 self._record(f"torn down after failure: {self._message}")
             else:
@@ -360,21 +322,22 @@ class RayCluster:
         spec = self.spec
         sc = self._spark.sparkContext
         driver_host = sc.getConf().get("spark.driver.host", "127.0.0.1")
-        head_ip = route_ip(driver_host)
-        taken: set[int] = set()
-        ports = {name: preferred_or_free_port(head_ip, self._head_ports.get(name), taken)
-                 for name in HEAD_PORTS}
-        self.address = f"{head_ip}:{ports['gcs']}"
-        self.client_address = f"ray://{head_ip}:{ports['client']}"
-        self.dashboard_url = f"http://{head_ip}:{ports['dashboard']}" if spec.dashboard else ""
-        self._channel = NodeChannel(head_ip, self._link_secret, self._on_link)
-
+        driver_ip = route_ip(driver_host)
+        self._channel = NodeChannel(driver_ip, self._link_secret, self._on_link)
+        if self._head.in_task:
+            head_ip, ports = "", dict(self._head_ports)  # the head's task picks its host's ports
+        else:
+            head_ip, taken = driver_ip, set()
+            ports = {name: preferred_or_free_port(head_ip, self._head_ports.get(name), taken)
+                     for name in HEAD_PORTS}
+            self._set_addresses(head_ip, ports)
         head, self._worker_plan = node_plans(
-            spec, cap, cpus, head_ip=head_ip, ports=ports, channel=(head_ip, self._channel.port),
+            spec, cap, cpus, head_ip=head_ip, ports=ports, channel=(driver_ip, self._channel.port),
             link_secret=self._link_secret, secret_env=self._token.env(), temp_dir=self._temp_root,
         )
-        self._record(f"starting head at {self.address}")
-        self._head_proc = start_head(head, psutil.Process())
+        self._record("submitting the head's Spark task" if self._head.in_task else f"starting head at {self.address}")
+        self._head.start(head, spark=self._spark, group=self._group, cluster=self.name, head_cpus=spec.head_cpus,
+                         head_gpus=spec.head_gpus, on_job_end=self._on_head_job_end)
         try:
             self._profile = spark_side.resource_profile(self._spark, cpus, spec.gpus_per_worker)
         except Exception as exc:  # noqa: BLE001 - stage-level scheduling is optional
@@ -385,6 +348,23 @@ class RayCluster:
                 target=self._keep_worker, args=(slot,), name=f"raydist-{spec.name}-{slot.key}", daemon=True
             )
             slot.thread.start()
+
+    def _set_addresses(self, head_ip: str, ports: Mapping[str, int]) -> None:
+        self.address = f"{head_ip}:{ports['gcs']}"
+        self.client_address = f"ray://{head_ip}:{ports['client']}"
+        self.dashboard_url = f"http://{head_ip}:{ports['dashboard']}" if self.spec.dashboard else ""
+
+    def _on_head_job_end(self, reason: str) -> None:
+        """The head's Spark job ended (``head_in_task``): the cluster fails
+        unless it is being torn down."""
+        with self._lock:
+            self._head.job_end = reason
+            if self._stopping.is_set() or self._state == State.FAILED:
+                self._changed.notify_all()
+                return
+            self._head.up = False
+            self._set_state(State.FAILED, f"the head's Spark task ended: {reason}")
+        threading.Thread(target=self.down, daemon=True, name=f"raydist-{self.name}-failed").start()
 
     def _keep_worker(self, slot: WorkerSlot) -> None:
         keep_filled(slot, run_job=self._run_worker_job, stopping=self._stopping, on_lost=self._on_worker_lost,
@@ -430,49 +410,36 @@ class RayCluster:
             slot = next((s for s in self._slots if s.key == link.key), None)
             if slot is None:
                 return
-            if event == "hello":
-                # A new supervisor for this slot means Spark ran the node's task
-                # again: the old node is gone even if its own "stopped" arrives
-                # later (or never, from a dead executor).
-                replaced = slot.up
-                if slot.link is not None:
-                    # Counted here, whether Spark retried the task inside its
-                    # job or raydist resubmitted the job.
-                    slot.restarts += 1
-                slot.link = link
-                slot.up = False
-                self._record(f"worker {slot.key} starting on {link.host}")
-                if replaced and not self._stopping.is_set():
-                    slot.last_reason = "Spark ran its task again (the previous executor was lost)"
-                    self._refresh_state(f"worker {slot.key} lost: {slot.last_reason}")
-            elif event == "started" and link is slot.link:
-                slot.up = True
-                slot.up_since = time.monotonic()
-                self._record(f"worker {slot.key} up on {link.host} ({link.node_ip})")
-                self._refresh_state()
-            elif event in ("stopped", "closed") and link is slot.link and slot.up:
-                slot.up = False
-                if not self._stopping.is_set():
-                    slot.last_reason = "its Ray node stopped" + (
-                        f" (exit code {link.exit_code})" if link.exit_code else ""
-                    )
-                    self._refresh_state(f"worker {slot.key} lost: {slot.last_reason}")
+            if event == "hello" and self._head.in_task and self._head.up:
+                link.tell({"cmd": "head", "address": self.address})
+            change = slot.on_link(event, link, stopping=self._stopping.is_set())
+            if change is not None:
+                record, lost = change
+                if record:
+                    self._record(record)
+                self._refresh_state(lost)
 
     def _on_head(self, event: str, link: NodeLink) -> None:
         if event == "hello":
-            self._head_link = link
-        elif event == "started":
-            self._head_up = True
-            self._record(f"head up at {self.address}")
+            if self._head.link is not None and self._head.in_task:
+                link.stop()  # Spark ran the head's task again: the workers know the first one only
+                return
+            self._head.link = link
+        elif event == "started" and link is self._head.link:
+            if self._head.in_task:
+                self._set_addresses(link.node_ip, link.info.get("ports", {}))
+                for slot in self._slots:
+                    if slot.link is not None:
+                        slot.link.tell({"cmd": "head", "address": self.address})
+            self._head.up = True
+            self._record(f"head up at {self.address}" + (f" on {link.host}" if self._head.in_task else ""))
             self._refresh_state()
-        elif event in ("stopped", "closed") and not self._stopping.is_set() and self._state != State.FAILED:
-            self._head_up = False
-            self._set_state(State.FAILED, "the head node stopped: " + " | ".join(self._head_tail()[-3:]))
+        elif (event in ("stopped", "closed") and link is self._head.link and not self._stopping.is_set()
+              and self._state != State.FAILED):
+            self._head.up = False
+            self._set_state(State.FAILED, "the head node stopped: " + " | ".join(self._head.tail()[-3:]))
             # The workers cannot outlive their GCS; tear them down off this thread.
             threading.Thread(target=self.down, daemon=True, name=f"raydist-{self.name}-failed").start()
-
-    def _head_tail(self) -> list[str]:
-        return list(self._head_link.log_tail) if self._head_link is not None else []
 
     def _refresh_state(self, reason: str = "") -> None:
         """Derive RUNNING/DEGRADED from the nodes (called with the lock held)."""
@@ -481,7 +448,7 @@ class RayCluster:
         if self._state in (State.DELETING, State.DELETED, State.FAILED):
             return
         up = sum(s.up for s in self._slots)
-        if not self._head_up:
+        if not self._head.up:
             return
         if self._state == State.CREATING:
             if up >= self.spec.required_workers:
@@ -516,16 +483,16 @@ class RayCluster:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                if self._head_proc is not None and self._head_proc.poll() is not None and not self._head_up:
+                if self._head.gone() and not self._head.up:
                     break
                 self._changed.wait(min(left, 0.5))
             if self._state in (State.RUNNING, State.DEGRADED):
                 return
             if self._stopping.is_set() and self._state != State.FAILED:
                 raise ClusterFailedError(f"cluster {self.name!r} was torn down while it started")
-            if not self._head_up:
+            if not self._head.up:
                 raise ClusterFailedError(
-                    f"the Ray head of {self.name!r} did not start:\n  " + "\n  ".join(self._head_tail())
+                    f"the Ray head of {self.name!r} did not start:\n  " + "\n  ".join(self._head.tail())
                 )
             if self._state == State.FAILED:
                 raise ClusterFailedError(self._message)

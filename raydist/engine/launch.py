@@ -17,22 +17,27 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from raydist.engine.ports import preferred_or_free_port
 from raydist.engine.sizing import memory_limit, node_size, visible_gpus
+from raydist.engine.wire import HEAD_FROM_LINK
 
 if TYPE_CHECKING:
     from raydist.engine.spark import SparkCapacity
     from raydist.spec import ClusterSpec
 
-__all__ = ["HEAD_KEY", "NodePlan", "node_plans", "spawn_supervisor", "run_worker_node", "route_ip", "ray_executable"]
+__all__ = ["HEAD_KEY", "HEAD_PORTS", "NodePlan", "node_plans", "spawn_supervisor", "run_worker_node", "run_head_node",
+           "route_ip", "ray_executable"]
 
 #: The head node's key on the node channel (workers are w0, w1...).
 HEAD_KEY = "head"
+#: The head ports a deployment may pin (``head_ports``): the rest are free ports.
+HEAD_PORTS = ("gcs", "dashboard", "client")
 
 
 @dataclass(frozen=True, repr=False)
@@ -81,7 +86,9 @@ def node_plans(
 ) -> tuple[NodePlan, NodePlan]:
     """The head's plan and the plan every worker's is made from (its key and
     temp dir filled in per worker), for ``spec`` on Spark of ``cap`` with
-    ``cpus`` per worker node."""
+    ``cpus`` per worker node. With ``head_ip`` empty the head runs in a Spark
+    task: ``ports`` are only preferences it tries on its host, and workers
+    learn its address over the link."""
     per_exec = max(1, cap.cores_per_executor // max(cpus, 1))
     busiest = max(cap.hosts.values(), default=1)
     common: dict[str, Any] = dict(
@@ -89,7 +96,7 @@ def node_plans(
         channel=channel,
         link_secret=link_secret,
         secret_env=dict(secret_env),
-        gcs_address=f"{head_ip}:{ports['gcs']}",
+        gcs_address=f"{head_ip}:{ports['gcs']}" if head_ip else HEAD_FROM_LINK,
         nodes_on_host=busiest * per_exec + 1,
         jvm_bytes_on_host=busiest * cap.memory_per_executor,
         ray_options=dict(spec.ray_start_options),
@@ -261,10 +268,26 @@ def run_worker_node(plan: NodePlan, _partition: Iterator[Any]) -> Iterator[str]:
     supervisor (which watches this process and the executor JVM), and waits.
     Yields one JSON line describing how the node ended.
     """
+    yield _run_in_task(plan)
+
+
+def run_head_node(plan: NodePlan, _partition: Iterator[Any]) -> Iterator[str]:
+    """Body of the head's Spark task (the control plane's clusters): the head
+    runs on an executor, away from the control plane's process tree, on the
+    head ports it prefers when they are free on this host, else free ones.
+    Its ``started`` report carries the ports it got."""
+    node_ip = route_ip(plan.channel[0])
+    taken: set[int] = set()
+    ports = {name: preferred_or_free_port(node_ip, plan.head_ports.get(name), taken) for name in HEAD_PORTS}
+    yield _run_in_task(replace(plan, head_ports=ports, node_ip=node_ip))
+
+
+def _run_in_task(plan: NodePlan) -> str:
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
-    cpus = plan.cpus or (ctx.cpus() if ctx is not None else 1)
+    cpus = plan.cpus if plan.head else plan.cpus or (ctx.cpus() if ctx is not None else 1)
+    cpus = cpus or 0
     resources = ctx.resources() if ctx is not None else {}
     addresses = list(resources["gpu"].addresses) if "gpu" in resources else []
     cuda: str | None = None
@@ -301,6 +324,8 @@ def run_worker_node(plan: NodePlan, _partition: Iterator[Any]) -> Iterator[str]:
         "partition": ctx.partitionId() if ctx is not None else 0,
         "attempt": ctx.attemptNumber() if ctx is not None else 0,
     }
+    if plan.head:
+        info["ports"] = dict(plan.head_ports)
     proc = spawn_supervisor(plan, argv=argv, node_ip=node_ip, env=_node_env(plan, cuda), watch=watch, info=info)
     code = proc.wait()
-    yield json.dumps({"key": plan.key, "code": code, "host": socket.gethostname()})
+    return json.dumps({"key": plan.key, "code": code, "host": socket.gethostname()})

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from raydist.engine.channel import NodeLink
+from raydist.spec import NodeStatus
 
 __all__ = ["WorkerSlot", "first_error_line", "keep_filled"]
 
@@ -36,6 +37,44 @@ class WorkerSlot:
     up_since: float = 0.0
     last_reason: str = ""
     thread: threading.Thread | None = None
+
+    def status(self) -> NodeStatus:
+        link = self.link
+        info = link.info if link else {}
+        return NodeStatus(
+            key=self.key, up=self.up, host=link.host if link else "", node_ip=link.node_ip if link else "",
+            cpus=int(info.get("cpus", 0)), gpus=int(info.get("gpus", 0)), gpu_ids=tuple(info.get("gpu_ids", ())),
+            restarts=self.restarts, message=self.last_reason,
+        )
+
+    def on_link(self, event: str, link: NodeLink, *, stopping: bool) -> tuple[str, str] | None:
+        """Apply one event of a supervisor's link to this slot. Returns None
+        when nothing changed, else (what to record, the loss to report or
+        "") for the cluster to derive its state from."""
+        if event == "hello":
+            # A new supervisor for this slot means Spark ran the node's task
+            # again: the old node is gone even if its own "stopped" arrives
+            # later (or never, from a dead executor).
+            replaced = self.up
+            if self.link is not None:
+                # Counted here, whether Spark retried the task inside its job
+                # or raydist resubmitted the job.
+                self.restarts += 1
+            self.link, self.up = link, False
+            if replaced and not stopping:
+                self.last_reason = "Spark ran its task again (the previous executor was lost)"
+                return f"worker {self.key} starting on {link.host}", f"worker {self.key} lost: {self.last_reason}"
+            return f"worker {self.key} starting on {link.host}", ""
+        if event == "started" and link is self.link:
+            self.up, self.up_since = True, time.monotonic()
+            return f"worker {self.key} up on {link.host} ({link.node_ip})", ""
+        if event in ("stopped", "closed") and link is self.link and self.up:
+            self.up = False
+            if stopping:
+                return None
+            self.last_reason = "its Ray node stopped" + (f" (exit code {link.exit_code})" if link.exit_code else "")
+            return "", f"worker {self.key} lost: {self.last_reason}"
+        return None
 
     def log_tail(self) -> list[str]:
         """The last lines of the current node's ``ray start`` output."""

@@ -219,8 +219,9 @@ def _resolve(host: str) -> str:
         return host
 
 
-def check_fits(spec: ClusterSpec, cap: SparkCapacity, cpus: int) -> None:
-    """Raise CapacityError when Spark can never run ``spec``'s worker nodes."""
+def check_fits(spec: ClusterSpec, cap: SparkCapacity, cpus: int, head_task_cpus: int = 0) -> None:
+    """Raise CapacityError when Spark can never run ``spec``'s worker nodes
+    (and, with ``head_task_cpus``, the head's task beside them)."""
     if spec.gpus_per_worker > 0 and cap.gpus_per_executor <= 0:
         raise CapacityError(
             f"{spec.gpus_per_worker:g} GPU per worker",
@@ -243,12 +244,17 @@ def check_fits(spec: ClusterSpec, cap: SparkCapacity, cpus: int) -> None:
             f"ask for gpus_per_worker <= {cap.gpus_per_executor:g}",
         )
     slots = cap.slots(cpus, spec.gpus_per_worker)
+    head = ""
+    if head_task_cpus:
+        # The head's task takes its CPUs on one executor: the worker slots it displaces there.
+        slots = max(0, slots - math.ceil(head_task_cpus / max(cpus, 1)))
+        head = f" beside the head's task ({head_task_cpus} CPU)"
     if spec.desired_workers > slots and spec.required_workers <= slots:
         # An elastic cluster may not ask for more nodes than Spark can ever
         # run: each would hold a thread and a Spark job waiting forever.
         raise CapacityError(
             f"max_workers={spec.desired_workers} x {cpus} CPU",
-            f"{cap.executors} executors of {cap.cores_per_executor} cores fit {slots} such workers",
+            f"{cap.executors} executors of {cap.cores_per_executor} cores fit {slots} such workers{head}",
             f"ask for max_workers <= {slots}",
         )
     if spec.required_workers > slots:
@@ -257,7 +263,7 @@ def check_fits(spec: ClusterSpec, cap: SparkCapacity, cpus: int) -> None:
             + (f" x {spec.gpus_per_worker:g} GPU" if spec.gpus_per_worker else ""),
             f"{cap.executors} executors of {cap.cores_per_executor} cores"
             + (f" and {cap.gpus_per_executor:g} GPUs" if cap.gpus_per_executor else "")
-            + f" fit {slots} such workers",
+            + f" fit {slots} such workers{head}",
             f"ask for workers <= {slots}, fewer CPUs per worker, or more executors",
         )
 

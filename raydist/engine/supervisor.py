@@ -45,6 +45,7 @@ from raydist.engine.channel import LOG_TAIL_LINES
 from raydist.engine.ports import free_port, wait_for_port
 from raydist.engine.wire import (
     HANDSHAKE_S,
+    HEAD_FROM_LINK,
     HEARTBEAT_S,
     IDLE_S,
     MAX_LINE,
@@ -205,6 +206,10 @@ class Supervisor:
         self.lock = threading.Lock()
         self.proc: subprocess.Popen[str] | None = None
         self.log_file: Any = None
+        #: The head's GCS address, for a worker whose head runs in a Spark task
+        #: (the driver says it over the link once the head is up).
+        self.head_address = ""
+        self.head_known = threading.Event()
         self.incarnation = secrets.token_hex(8)
         #: What was said while the link was broken, sent when it resumes.
         self.unsent: deque[dict[str, Any]] = deque(maxlen=2000)
@@ -285,9 +290,13 @@ class Supervisor:
         while True:
             try:
                 while True:
-                    if reader.read().get("cmd") == "stop":
+                    msg = reader.read()
+                    if msg.get("cmd") == "stop":
                         self.request_stop("stopped by the driver")
                         return
+                    if msg.get("cmd") == "head" and not self.head_known.is_set():
+                        self.head_address = str(msg.get("address", ""))
+                        self.head_known.set()
             except LinkBroken as exc:
                 broke = str(exc)
             if self.stop.is_set():
@@ -348,7 +357,8 @@ class Supervisor:
                 self.emit({"type": "started", "node_ip": self.cfg.get("node_ip", ""), "info": self.cfg.get("info", {})})
 
     def argv(self) -> list[str]:
-        argv = list(self.cfg["argv"])
+        argv = [f"--address={self.head_address}" if a == f"--address={HEAD_FROM_LINK}" else a
+                for a in self.cfg["argv"]]
         host = self.cfg.get("node_ip") or "127.0.0.1"
         taken: set[int] = set()
         for option in NODE_PORT_OPTIONS:
@@ -365,6 +375,13 @@ class Supervisor:
         try:
             self.connect()
             wait = self.cfg.get("wait_for")
+            if wait == HEAD_FROM_LINK:
+                while not self.stop.is_set() and not self.head_known.wait(0.5):
+                    if time.monotonic() > deadline:
+                        self.log("raydist: the driver did not say where the head is before the start deadline")
+                        self.request_stop("head unknown")
+                        code = 3
+                wait = self.head_address
             if wait:
                 host, port = wait.rsplit(":", 1)
                 while not self.stop.is_set() and not wait_for_port(host, int(port), time.monotonic() + 1):

@@ -19,6 +19,7 @@ from typing import Any
 
 __all__ = [
     "HANDSHAKE_S",
+    "HEAD_FROM_LINK",
     "HEARTBEAT_S",
     "IDLE_S",
     "MAX_LINE",
@@ -31,6 +32,9 @@ __all__ = [
     "send",
 ]
 
+#: A worker's ``--address`` when the head runs in a Spark task of its own: the
+#: driver tells each supervisor the head's address over the link once it is up.
+HEAD_FROM_LINK = "@head"
 #: Longest message either end accepts, in bytes (a log line is cut to fit).
 MAX_LINE = 64 * 1024
 #: How long an unauthenticated connection may take to say hello.

@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -66,7 +67,9 @@ class StandaloneSpark:
     ``gpu_discovery_script``, which is handed the host's addresses in
     ``RAYDIST_FAKE_GPU_ADDRESSES`` (host i owns ``i*k .. i*k+k-1``, so a
     mapping mistake across hosts shows). ``isolate`` puts each worker in its
-    own network namespace."""
+    own network namespace. ``run_as`` (a uid, root only) runs the worker
+    daemons, and so every executor and Ray node, as that user: tenants'
+    code then cannot read what the driver's user owns."""
 
     workers: int = 2
     cores: int = 1
@@ -75,6 +78,7 @@ class StandaloneSpark:
     gpu_discovery_script: str | None = None
     isolate: bool = False
     start_timeout_s: float = 90.0
+    run_as: int | None = None
     master_url: str = ""
     driver_host: str = "127.0.0.1"
     daemons: list[WorkerDaemon] = field(default_factory=list)
@@ -87,6 +91,8 @@ class StandaloneSpark:
 
     def start(self) -> StandaloneSpark:
         self._dir = Path(tempfile.mkdtemp(prefix="raydist-standalone-"))
+        if self.run_as is not None:
+            self._dir.chmod(0o711)  # the workers' user reaches its own work dir, lists nothing
         try:
             if self.isolate:
                 self._net = HostNetwork(self.workers).create()
@@ -128,13 +134,16 @@ class StandaloneSpark:
         work = self._dir / f"worker-{i}"
         work.mkdir(exist_ok=True)
         env["SPARK_LOCAL_DIRS"] = str(work)
+        if self.run_as is not None:
+            os.chown(work, self.run_as, self.run_as)
+            env["HOME"] = str(work)
         before = self.alive_workers()
         d.log_path = self._dir / f"worker-{i}.log"
         d.proc = self._spawn(
             ["org.apache.spark.deploy.worker.Worker", "--host", d.host, "--port", "0",
              "--webui-port", str(free_port()), "--cores", str(self.cores), "--memory", self.memory,
              "--work-dir", str(work), self.master_url],
-            netns=d.netns, log_name=d.log_path.name, env=env,
+            netns=d.netns, log_name=d.log_path.name, env=env, uid=self.run_as,
         )
         if wait:
             self.wait_workers(before + 1)
@@ -228,12 +237,14 @@ class StandaloneSpark:
     # -- helpers -------------------------------------------------------------
 
     def _spawn(self, args: list[str], *, netns: str | None, log_name: str,
-               env: dict[str, str]) -> subprocess.Popen[bytes]:
+               env: dict[str, str], uid: int | None = None) -> subprocess.Popen[bytes]:
         assert self._dir is not None
         home = spark_home()
         full_env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOG_DIR": str(self._dir), **env}
         full_env.pop("SPARK_LOCAL_IP", None)
         argv = [str(home / "bin" / "spark-class"), *args]
+        if uid is not None:
+            argv = _as_user(uid, argv)
         if netns:
             argv = ["ip", "netns", "exec", netns, *argv]
         out = open(self._dir / log_name, "ab")  # noqa: SIM115 - owned by the child
@@ -249,6 +260,35 @@ class StandaloneSpark:
             return "\n".join((self._dir / name).read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+
+def _as_user(uid: int, argv: list[str]) -> list[str]:
+    """``argv`` run as ``uid``. When the Python install sits under a directory
+    that user cannot enter (pyenv under a 0700 ``/root``), the command gets a
+    mount namespace of its own in which that directory is an empty tmpfs
+    showing only the Python install: the user reaches the interpreter and
+    still sees nothing else of the directory."""
+    script = []
+    for blocked, needed in _blocked_paths(uid, Path(sys.base_prefix).resolve()):
+        script += [
+            'stage=$(mktemp -d)', f'mount --bind "{needed}" "$stage"', f'mount -t tmpfs -o mode=755 tmpfs "{blocked}"',
+            f'mkdir -p "{needed}"', f'mount --move "$stage" "{needed}"',
+        ]
+    setpriv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    if not script:
+        return [*setpriv, *argv]
+    script.append('exec "$@"')
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-ec", "; ".join(script), "sh", *setpriv, *argv]
+
+
+def _blocked_paths(uid: int, target: Path) -> list[tuple[Path, Path]]:
+    """The outermost directory on the way to ``target`` that ``uid`` cannot
+    enter, with its child on that way; empty when every one lets it pass."""
+    for parent in reversed(target.parents):
+        st = parent.stat()
+        if parent != Path("/") and st.st_uid != uid and not st.st_mode & 0o001:
+            return [(parent, parent / target.relative_to(parent).parts[0])]
+    return []
 
 
 def _stop_group(proc: subprocess.Popen[bytes] | None, grace_s: float = 10.0) -> None:
