@@ -37,10 +37,14 @@ class Server:
             env=self.env, stdout=log, stderr=log, start_new_session=True,
         )
         deadline = time.monotonic() + 60
-        while not info.exists():
-            assert self.proc.poll() is None, (self.home / "test-server.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.1)
+        try:
+            while not info.exists():
+                assert self.proc.poll() is None, (self.home / "test-server.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "server did not start"
+                time.sleep(0.1)
+        except BaseException:
+            self.stop(signal.SIGKILL)  # a server that did not come up is not left behind
+            raise
         return self
 
     @property

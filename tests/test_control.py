@@ -310,7 +310,7 @@ def test_a_spark_that_cannot_start_is_retried_and_creates_say_why(tmp_path: Path
             # The process itself is alive: a liveness probe must not restart it.
             assert stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status == 1  # SERVING
         with pytest.raises(ControlPlaneUnavailableError, match="Spark is not running"):
-            srv.client(retries=0).create(ClusterSpec(name="later", workers=1, cpus_per_worker=1))
+            srv.client(retries=0, retry_s=0).create(ClusterSpec(name="later", workers=1, cpus_per_worker=1))
         assert srv.client().list() == []  # reads still answer
         assert "retrying in" in (tmp_path / "test-server.log").read_text()
     finally:
@@ -333,7 +333,7 @@ def test_token_over_tls(tmp_path: Path) -> None:
         from raydist.errors import ControlPlaneUnavailableError
 
         with pytest.raises(ControlPlaneUnavailableError):
-            srv.client(retries=0).list()  # plaintext to a TLS port
+            srv.client(retries=0, retry_s=0).list()  # plaintext to a TLS port
         # The CLI, by flag or by RAYDIST_TLS_CA (raydist.up(address=) reads it too).
         by_flag = srv.cli("status", "--tls-ca", str(cert), "-o", "json")
         assert by_flag.returncode == 0 and json.loads(by_flag.stdout) == [], by_flag.stderr

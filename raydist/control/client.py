@@ -51,11 +51,14 @@ class Client:
         tls_ca: CA certificate (PEM path) to verify a TLS server; enables TLS.
         tls_cert / tls_key: client certificate for mTLS.
         timeout: default deadline per call, in seconds.
+        retries / retry_s: an UNAVAILABLE answer (the server restarts, the
+            network blips) is retried at least ``retries`` times and for up
+            to ``retry_s`` seconds; nothing else is retried.
     """
 
     def __init__(self, address: str | None = None, *, token: str | None = None, tls_ca: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None,
-                 timeout: float = DEFAULT_TIMEOUT_S, retries: int = 3) -> None:
+                 timeout: float = DEFAULT_TIMEOUT_S, retries: int = 3, retry_s: float = 10.0) -> None:
         from raydist._proto import pb, rpc
 
         address = address or default_address()
@@ -68,6 +71,7 @@ class Client:
         self._token = token if token is not None else _default_token()
         self.timeout = timeout
         self.retries = retries
+        self.retry_s = retry_s
         # TLS settings default to RAYDIST_TLS_CA / _CERT / _KEY, so the CLI and
         # raydist.up(address=...) reach a TLS control plane with no code change.
         tls_ca = tls_ca or os.environ.get("RAYDIST_TLS_CA") or None
@@ -89,22 +93,27 @@ class Client:
         return md + list(extra or [])
 
     def _call(self, method: str, request: Any, timeout: float | None, metadata: list[tuple[str, str]] | None) -> Any:
+        """One RPC. UNAVAILABLE (a restarting server, a blip) is retried with
+        backoff (0.2 s doubling to 2 s) for up to ``retry_s`` seconds, at
+        least ``retries`` times; every other error is raised at once."""
         fn = getattr(self._stub, method)
         delay = 0.2
-        for attempt in range(self.retries + 1):
+        give_up = time.monotonic() + self.retry_s
+        attempt = 0
+        while True:
             try:
                 return fn(request, timeout=timeout or self.timeout, metadata=self._metadata(metadata))
             except grpc.RpcError as exc:
                 code = exc.code()
-                if code == grpc.StatusCode.UNAVAILABLE and attempt < self.retries:
+                if code == grpc.StatusCode.UNAVAILABLE and (attempt < self.retries or time.monotonic() < give_up):
+                    attempt += 1
                     time.sleep(delay)
-                    delay *= 2
+                    delay = min(2.0, delay * 2)
                     continue
                 if code == grpc.StatusCode.UNAVAILABLE:
                     raise ControlPlaneUnavailableError(
                         f"the control plane at {self.address} is unavailable: {exc.details()}") from None
                 raise RPCError(code.name, exc.details() or "") from None
-        raise AssertionError("unreachable")
 
     # the API -------------------------------------------------------------------
 
@@ -152,23 +161,49 @@ class Client:
     def watch(self, name: str, *, timeout: float | None = None, history: bool = False) -> Iterator[Any]:
         """Events of one cluster: its current state first (``history``: every
         recorded event), then each change until DELETED or FAILED (or the
-        deadline)."""
-        try:
-            request = self._pb.WatchClusterRequest(name=name, history=history)
-            yield from self._stub.WatchCluster(request, timeout=timeout or 600.0,
-                                               metadata=self._metadata())
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        deadline). A stream refused with UNAVAILABLE before its first event is
+        opened again, as :meth:`_call` retries."""
+        request = self._pb.WatchClusterRequest(name=name, history=history)
+        give_up = time.monotonic() + self.retry_s
+        delay = 0.2
+        while True:
+            started = False
+            try:
+                for event in self._stub.WatchCluster(request, timeout=timeout or 600.0, metadata=self._metadata()):
+                    started = True
+                    yield event
                 return
-            raise RPCError(exc.code().name, exc.details() or "") from None
+            except grpc.RpcError as exc:
+                code = exc.code()
+                if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    return
+                if code == grpc.StatusCode.UNAVAILABLE and not started and time.monotonic() < give_up:
+                    time.sleep(delay)
+                    delay = min(2.0, delay * 2)
+                    continue
+                if code == grpc.StatusCode.UNAVAILABLE:
+                    raise ControlPlaneUnavailableError(
+                        f"the control plane at {self.address} is unavailable: {exc.details()}") from None
+                raise RPCError(code.name, exc.details() or "") from None
 
     def wait(self, name: str, *, timeout: float = 600.0) -> Any:
-        """Block until the cluster is RUNNING, DEGRADED or terminal; returns it."""
+        """Block until the cluster is RUNNING, DEGRADED or terminal; returns it.
+        A watch the server drops (it restarts) is opened again, up to the
+        timeout."""
         pb = self._pb
-        for event in self.watch(name, timeout=timeout):
-            if event.state in (pb.RUNNING, pb.DEGRADED, pb.FAILED, pb.DELETED):
-                return event.cluster
-        return self.get(name)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                for event in self.watch(name, timeout=max(1.0, deadline - time.monotonic())):
+                    if event.state in (pb.RUNNING, pb.DEGRADED, pb.FAILED, pb.DELETED):
+                        return event.cluster
+            except ControlPlaneUnavailableError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)
+                continue
+            if time.monotonic() >= deadline:
+                return self.get(name)
 
     def close(self) -> None:
         self._channel.close()

@@ -39,6 +39,7 @@ from raydist.engine.wire import (
     RECONNECT_GRACE_S,
     LineReader,
     LinkBroken,
+    LinkClosed,
     enable_keepalive,
     send,
 )
@@ -287,17 +288,25 @@ class NodeChannel:
         else:
             self._listener("hello", link)
         reader = LineReader(conn, idle_s=self._idle_s, initial=rest)
+        closed_by_peer = False
         try:
             while True:
                 self._handle(link, conn, reader.read())
         except LinkBroken as exc:
+            # A peer that closed its end is gone (its process died: the
+            # kernel closed the socket); a silent or reset link may come back.
+            closed_by_peer = isinstance(exc, LinkClosed)
             log.debug("node %s: link ended: %s", link.key, exc)
         finally:
             try:
                 conn.close()
             except OSError:
                 pass
-        if not self._wait_resume(link, conn):
+        with self._lock:
+            resumed_elsewhere = link._sock is not conn
+        if resumed_elsewhere:
+            return
+        if closed_by_peer or not self._wait_resume(link, conn):
             link.closed.set()
             self._listener("closed", link)
 

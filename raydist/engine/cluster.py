@@ -355,15 +355,17 @@ class RayCluster:
         self.dashboard_url = f"http://{head_ip}:{ports['dashboard']}" if self.spec.dashboard else ""
 
     def _on_head_job_end(self, reason: str) -> None:
-        """The head's Spark job ended (``head_in_task``): the cluster fails
-        unless it is being torn down."""
+        """The head's supervisor or Spark job ended: the cluster fails unless
+        it is being torn down."""
         with self._lock:
             self._head.job_end = reason
-            if self._stopping.is_set() or self._state == State.FAILED:
+            if self._stopping.is_set() or self._state.terminal:
                 self._changed.notify_all()
                 return
             self._head.up = False
-            self._set_state(State.FAILED, f"the head's Spark task ended: {reason}")
+            where = "Spark task" if self._head.in_task else "node"
+            tail = " | ".join(self._head.tail()[-3:])
+            self._set_state(State.FAILED, f"the head's {where} ended: {reason}" + (f": {tail}" if tail else ""))
         threading.Thread(target=self.down, daemon=True, name=f"raydist-{self.name}-failed").start()
 
     def _keep_worker(self, slot: WorkerSlot) -> None:

@@ -60,10 +60,19 @@ class Head:
 
     def start(self, plan: NodePlan, *, spark: Any, group: str, cluster: str, head_cpus: int, head_gpus: float,
               on_job_end: Callable[[str], None]) -> None:
-        """Start the head: on the driver, or by submitting its Spark job (then
-        ``on_job_end(reason)`` runs when that job ends)."""
+        """Start the head: on the driver, or by submitting its Spark job.
+        ``on_job_end(reason)`` runs when the head's supervisor (on the driver)
+        or its Spark job ends, whoever ended it."""
         if not self.in_task:
-            self.proc = start_head(plan, psutil.Process())
+            proc = self.proc = start_head(plan, psutil.Process())
+
+            def watch() -> None:
+                code = proc.wait()
+                self.job_end = f"its supervisor exited with code {code}"
+                on_job_end(self.job_end)
+
+            self.thread = threading.Thread(target=watch, daemon=True, name=f"raydist-{cluster}-head")
+            self.thread.start()
             return
 
         def run() -> None:

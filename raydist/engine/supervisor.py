@@ -153,6 +153,31 @@ def _end_session(sid: int, grace_s: float) -> None:
         psutil.wait_procs(found, timeout=2)
 
 
+#: The processes a Ray node is nothing without: one of them gone is the node gone,
+#: even while ``ray start`` still waits for it (it may, for a minute, at start-up).
+_CORE = ("gcs_server", "raylet")
+
+
+def _core_died(seen: dict[int, tuple[psutil.Process, str]]) -> str:
+    """Track this node's core Ray processes in ``seen``; the name of one that
+    was seen and has died since, else ""."""
+    for pid, (proc, name) in list(seen.items()):
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.Error:
+            pass
+        del seen[pid]
+        return name
+    try:
+        for child in psutil.Process().children(recursive=True):
+            if child.pid not in seen and child.name() in _CORE:
+                seen[child.pid] = (child, child.name())
+    except psutil.Error:
+        pass
+    return ""
+
+
 def _alive(pid: int, create_time: float) -> bool:
     try:
         proc = psutil.Process(pid)
@@ -303,9 +328,11 @@ class Supervisor:
                 return
             with self.lock:
                 old, self.sock = self.sock, None
+            # The old socket stays open while this reconnects: closing it would
+            # tell a driver that still hears us that this node is gone.
+            resumed = self._reconnect(broke)
             if old is not None:
                 old.close()
-            resumed = self._reconnect(broke)
             if resumed is None:
                 self.request_stop(f"lost the link to the driver ({broke})")
                 return
@@ -406,7 +433,14 @@ class Supervisor:
                 )
                 pump = threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True)
                 pump.start()
+                core: dict[int, tuple[psutil.Process, str]] = {}
+                polls = 0
                 while not self.stop.wait(_POLL_S):
+                    polls += 1
+                    if polls % 5 == 0 and (dead := _core_died(core)):
+                        self.request_stop(f"Ray's {dead} exited")
+                        code = 1
+                        break
                     if self.proc.poll() is not None:
                         pump.join(timeout=2)
                         code = self.proc.returncode or 1
