@@ -5,7 +5,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # Tools spawned by name (`ray`, used by ray.util.spark) must come from .venv.
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: venv demo test test-fast bench-startup bench-startup-standalone bench-training lint
+.PHONY: venv demo test test-fast bench-startup bench-startup-standalone bench-training bench-chaos lint
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -30,6 +30,9 @@ bench-startup: venv
 
 bench-startup-standalone: venv
 	$(PY) benchmarks/startup.py --master standalone
+
+bench-chaos: venv
+	$(PY) benchmarks/chaos.py
 
 lint: venv
 	$(PY) -m ruff check raydist tests benchmarks examples

@@ -142,9 +142,13 @@ def test_ports_and_probes_match_the_config(base: list[dict[str, Any]]) -> None:
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["grpc"] == cfg.port
     assert ports["metrics"] == cfg.metrics_port
-    assert ports["ray-gcs"] == cfg.head_ports["gcs"]
-    assert ports["ray-client"] == cfg.head_ports["client"]
-    assert ports["ray-dashboard"] == cfg.head_ports["dashboard"]
+    # On k8s:// the heads run in executor pods: their pinned Ray ports are open
+    # to the namespace there, and the control plane's pod exposes none.
+    assert cfg.heads_in_tasks()
+    assert not {"ray-gcs", "ray-client", "ray-dashboard"} & set(ports)
+    executors = _one(base, "NetworkPolicy", "raydist-executors")["spec"]["ingress"]
+    open_ports = {p["port"] for rule in executors for p in rule.get("ports", [])}
+    assert open_ports == set(cfg.head_ports.values())
     assert ports["spark-driver"] == int(cfg.spark_conf["spark.driver.port"])
     assert ports["spark-blockmgr"] == int(cfg.spark_conf["spark.driver.blockManager.port"])
     # Every probe asks the gRPC health service on the API's port.
@@ -157,7 +161,7 @@ def test_ports_and_probes_match_the_config(base: list[dict[str, Any]]) -> None:
             assert target in ports, (svc["metadata"]["name"], target)
             assert port["port"] == ports[target]
     api = _one(base, "Service", "raydist")
-    assert {p["targetPort"] for p in api["spec"]["ports"]} >= {"grpc", "ray-client", "ray-gcs", "ray-dashboard"}
+    assert {p["targetPort"] for p in api["spec"]["ports"]} == {"grpc", "metrics"}
 
 
 def test_spark_on_kubernetes_settings_point_at_these_objects(base: list[dict[str, Any]]) -> None:
