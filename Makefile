@@ -5,7 +5,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # Tools spawned by name (`ray`, used by ray.util.spark) must come from .venv.
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: venv demo test test-fast bench-startup bench-startup-standalone bench-training bench-chaos lint
+.PHONY: venv demo test test-fast bench-startup bench-startup-standalone bench-training bench-chaos bench-scaling lint
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -33,6 +33,9 @@ bench-startup-standalone: venv
 
 bench-chaos: venv
 	$(PY) benchmarks/chaos.py
+
+bench-scaling: venv
+	$(PY) benchmarks/scaling.py
 
 lint: venv
 	$(PY) -m ruff check raydist tests benchmarks examples

@@ -79,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("-w", "--workers", type=int)
     u.add_argument("--min-workers", type=int)
     u.add_argument("--max-workers", type=int)
+    u.add_argument("--idle-timeout", type=float, help="an elastic cluster removes a node idle this long (s, 60)")
     u.add_argument("--cpus-per-worker", type=int)
     u.add_argument("--gpus-per-worker", type=float, default=0.0)
     u.add_argument("--memory-per-worker")
@@ -103,6 +104,13 @@ def _parser() -> argparse.ArgumentParser:
     lg.add_argument("name")
     lg.add_argument("-f", "--follow", action="store_true")
     common(lg)
+    sc = sub.add_parser("scale", help="resize a running cluster: raydist scale NAME N (or --min/--max)")
+    sc.add_argument("name")
+    sc.add_argument("workers", type=int, nargs="?")
+    sc.add_argument("--min", dest="min_workers", type=int)
+    sc.add_argument("--max", dest="max_workers", type=int)
+    sc.add_argument("--idle-timeout", type=float)
+    common(sc)
     en = sub.add_parser("env", help="shell exports that connect Ray to a cluster: eval \"$(raydist env NAME)\"")
     en.add_argument("name")
     en.add_argument("--gcs", action="store_true",
@@ -269,6 +277,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         name=args.name, workers=args.workers, min_workers=args.min_workers, max_workers=args.max_workers,
         cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
         memory_per_worker=args.memory_per_worker, dashboard=args.dashboard,
+        **({"idle_timeout_s": args.idle_timeout} if args.idle_timeout is not None else {}),
     )
     client = _client(args, start_local=True)
     cluster = client.create(spec, request_id=uuid.uuid4().hex, restart_on_server_restart=args.restart)
@@ -354,6 +363,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_scale(args: argparse.Namespace) -> int:
+    if args.workers is None and args.min_workers is None and args.max_workers is None and args.idle_timeout is None:
+        err.print("[red]error:[/red] give a worker count (raydist scale NAME N) or --min/--max/--idle-timeout")
+        return 2
+    cluster = _client(args).update(args.name, workers=args.workers, min_workers=args.min_workers,
+                                   max_workers=args.max_workers, idle_timeout_s=args.idle_timeout)
+    spec = cluster.spec
+    size = (f"{spec.min_workers}..{spec.max_workers} workers (elastic, idle timeout {spec.idle_timeout_s:g} s)"
+            if spec.min_workers < spec.max_workers else f"{spec.max_workers} workers")
+    out.print(f"[bold]{args.name}[/bold]: {size}; {cluster.ready_workers}/{cluster.desired_workers} up now")
+    return 0
+
+
 def cmd_env(args: argparse.Namespace) -> int:
     """The one command whose output holds a secret, because that is what it
     is for; it says so on stderr when a person is looking."""
@@ -393,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"raydist {__version__}")
         return 0
     handlers = {"serve": cmd_serve, "up": cmd_up, "down": cmd_down, "status": cmd_status, "list": cmd_status,
-                "logs": cmd_logs, "env": cmd_env}
+                "logs": cmd_logs, "env": cmd_env, "scale": cmd_scale}
     try:
         return handlers[args.command](args)
     except RaydistError as exc:

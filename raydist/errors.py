@@ -22,6 +22,8 @@ __all__ = [
     "ClusterNotFoundError",
     "ClusterExistsError",
     "ClusterFailedError",
+    "ClusterNotReadyError",
+    "DataFormatError",
     "AuthenticationError",
     "ControlPlaneUnavailableError",
     "RPCError",
@@ -151,6 +153,20 @@ class ClusterFailedError(RaydistError, RuntimeError):
 class ClusterNotReadyError(RaydistError):
     """The cluster exists but is not in a state that allows this (no head yet,
     or gone); the message says which state and what to do."""
+
+
+class DataFormatError(RaydistError, TypeError):
+    """A DataFrame column has no Arrow form (so it cannot move to Ray Data)."""
+
+    def __init__(self, column: str, type_name: str, detail: str = "") -> None:
+        self.column = column
+        self.type_name = type_name
+        self.detail = detail
+        super().__init__(f"column {column!r} of type {type_name} has no Arrow form{': ' + detail if detail else ''}; "
+                         "cast it first (for example to string) or drop it")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.__class__, (self.column, self.type_name, self.detail))
 
 
 class HomeInUseError(RaydistError):

@@ -150,15 +150,18 @@ class ClusterSpec:
 
     A cluster is a Ray head on the Spark driver plus ``workers`` Ray worker
     nodes, each one long-running Spark task. Give ``workers`` for a fixed size,
-    or ``min_workers``/``max_workers`` for a cluster that is ready once
-    ``min_workers`` nodes are up and grows to ``max_workers`` as Spark frees
-    task slots.
+    or ``min_workers``/``max_workers`` for an elastic cluster: it starts
+    ``min_workers`` nodes (0 is allowed), adds nodes while Ray has work it
+    cannot place, up to ``max_workers``, and removes a node Ray has counted
+    idle for ``idle_timeout_s``, giving its task slot back to Spark.
 
     Args:
         name: DNS label (lower case, digits, ``-``, at most 63 characters).
         workers: number of Ray worker nodes (the same as ``max_workers``).
-        min_workers: nodes that must be up before the cluster counts as ready.
-        max_workers: nodes raydist keeps trying to run.
+        min_workers: nodes always run; the cluster is ready once they are up.
+        max_workers: the most nodes demand may grow the cluster to.
+        idle_timeout_s: an elastic cluster removes a node Ray has counted idle
+            this long (no task, actor resources or objects in use on it).
         cpus_per_worker: Spark task CPUs, and Ray CPUs, per node. ``None`` takes
             a whole executor (``spark.executor.cores``).
         gpus_per_worker: Spark task GPUs per node; fractions share a device.
@@ -200,6 +203,7 @@ class ClusterSpec:
     ray_start_options: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     start_timeout_s: float = 180.0
+    idle_timeout_s: float = 60.0
     self_heal: bool = True
     dashboard: bool = False
 
@@ -266,6 +270,10 @@ class ClusterSpec:
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not (1 <= t <= 86400):
             raise SpecError("start_timeout_s", t, "expected seconds between 1 and 86400")
         put("start_timeout_s", float(t))
+        t = self.idle_timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (1 <= t <= 86400):
+            raise SpecError("idle_timeout_s", t, "expected seconds between 1 and 86400")
+        put("idle_timeout_s", float(t))
         if not isinstance(self.self_heal, bool):
             raise SpecError("self_heal", self.self_heal, "expected true or false")
         if not isinstance(self.dashboard, bool):
@@ -388,6 +396,7 @@ class NodeStatus:
     gpu_ids: tuple[str, ...] = ()
     restarts: int = 0
     message: str = ""
+    idle_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -405,6 +414,7 @@ class ClusterStatus:
     nodes: tuple[NodeStatus, ...] = ()
     created_at: float = 0.0
     updated_at: float = 0.0
+    idle_workers: int = 0
 
 
 # Proto conversion -----------------------------------------------------------
@@ -426,6 +436,7 @@ def spec_to_proto(spec: ClusterSpec) -> Any:
         head_cpus=spec.head_cpus,
         head_gpus=spec.head_gpus,
         start_timeout_s=spec.start_timeout_s,
+        idle_timeout_s=spec.idle_timeout_s,
         self_heal=spec.self_heal,
         dashboard=spec.dashboard,
     )
@@ -461,6 +472,8 @@ def spec_from_proto(msg: Any) -> ClusterSpec:
     fields["head_gpus"] = msg.head_gpus
     if msg.start_timeout_s:
         fields["start_timeout_s"] = msg.start_timeout_s
+    if msg.idle_timeout_s:
+        fields["idle_timeout_s"] = msg.idle_timeout_s
     if msg.HasField("self_heal"):
         fields["self_heal"] = msg.self_heal
     fields["dashboard"] = msg.dashboard

@@ -27,7 +27,11 @@ def run_program(name: str, *args: str, home: Path | None = None, timeout: float 
     proc = subprocess.run([sys.executable, str(PROGRAMS / name), *args], env=env, capture_output=True,
                           text=True, timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    if proc.returncode != 0 or not lines:
+        # The Python traceback, not only the tail (Spark's shutdown noise comes after it).
+        at = proc.stderr.rfind("Traceback (most recent call last)")
+        why = proc.stderr[at:at + 4000] if at >= 0 else ""
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{why}\n...\n{proc.stderr[-2000:]}")
     return json.loads(lines[-1][len("RESULT "):]) | {"_output": proc.stdout + proc.stderr}
 
 

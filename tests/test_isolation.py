@@ -129,11 +129,13 @@ def test_a_tenant_reaches_neither_the_control_plane_nor_another_cluster(
         assert seen["token_file"] == seen["home"] == seen["server_environ"] == "denied", seen
         assert seen["in_argv"] == [] and seen["env_holds"] == [], seen
 
-        # From outside (root): no process but the server holds the control token, and
-        # each Ray process holds its own cluster's token only.
-        for proc in psutil.process_iter():
-            if proc.pid == server.proc.pid:
-                continue
+        # From outside (root): no process of the deployment (the server's tree, the Spark
+        # daemons' trees: executors and every Ray node) but the server holds the control
+        # token, and each holds its own cluster's Ray token only.
+        roots = [server.proc.pid] + [d.proc.pid for d in sa.daemons if d.proc is not None]
+        deployment = [c for r in roots for c in psutil.Process(r).children(recursive=True)]
+        assert any(p.name() == "gcs_server" for p in deployment)
+        for proc in deployment:
             environ = _environ(proc)
             try:
                 argv = " ".join(proc.cmdline())

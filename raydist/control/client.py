@@ -150,6 +150,21 @@ class Client:
         return self._call("DeleteCluster", self._pb.DeleteClusterRequest(name=name, allow_missing=allow_missing),
                           timeout or max(self.timeout, 120.0), metadata)
 
+    def update(self, name: str, *, workers: int | None = None, min_workers: int | None = None,
+               max_workers: int | None = None, idle_timeout_s: float | None = None,
+               timeout: float | None = None) -> Any:
+        """Resize a running cluster (UpdateCluster with a field mask of the
+        arguments given); returns the cluster."""
+        spec = self._pb.ClusterSpec(name=name)
+        paths = []
+        for field, value in (("workers", workers), ("min_workers", min_workers), ("max_workers", max_workers),
+                             ("idle_timeout_s", idle_timeout_s)):
+            if value is not None:
+                setattr(spec, field, value)
+                paths.append(field)
+        request = self._pb.UpdateClusterRequest(spec=spec, update_mask={"paths": paths})
+        return self._call("UpdateCluster", request, timeout or max(self.timeout, 60.0), None)
+
     def credentials(self, name: str, *, timeout: float | None = None) -> Any:
         """Cluster ``name``'s addresses and Ray token (``ClusterCredentials``);
         the server records the call as an event."""

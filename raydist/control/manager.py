@@ -30,6 +30,9 @@ from raydist.spec import ClusterSpec, State, check_name, spec_from_proto, spec_t
 
 __all__ = ["ClusterManager"]
 
+#: The spec fields UpdateCluster changes on a running cluster.
+_UPDATABLE = ("workers", "min_workers", "max_workers", "idle_timeout_s")
+
 log = logging.getLogger(__name__)
 
 
@@ -54,6 +57,7 @@ class ClusterManager:
         self._lock = threading.RLock()
         self._engines: dict[str, RayCluster] = {}
         self._cache: dict[str, Any] = {}
+        self._idle: dict[str, int] = {}  # idle worker nodes per cluster (observed, not stored)
         self._spark_lock = threading.Lock()
         self._spark_error = ""
         self._head_ports = dict(head_ports or {})
@@ -117,6 +121,35 @@ class ClusterManager:
         if msg is None:
             raise ClusterNotFoundError(name)
         return msg
+
+    def update(self, spec_msg: Any, paths: list[str]) -> Any:
+        """UpdateCluster (AIP-134): change the fields ``paths`` names (of
+        ``_UPDATABLE``) of a running cluster to ``spec_msg``'s values."""
+        name = check_name(spec_msg.name, "spec.name")
+        if not paths:
+            raise SpecError("update_mask", [], f"name the fields to change: {', '.join(_UPDATABLE)}")
+        changes: dict[str, Any] = {}
+        for path in paths:
+            if path not in _UPDATABLE:
+                raise SpecError("update_mask", path, f"the fields a running cluster takes are {', '.join(_UPDATABLE)}")
+            if path != "idle_timeout_s" and not spec_msg.HasField(path):
+                raise SpecError(path, None, f"update_mask names {path}: give it a value in spec")
+            changes[path] = getattr(spec_msg, path)
+        with self._lock:
+            row = self._store.get(name)
+            if row is None or row.state == State.DELETED.value:
+                raise ClusterNotFoundError(name)
+            engine = self._engines.get(name)
+        if engine is None or row.state not in (State.RUNNING.value, State.DEGRADED.value, State.CREATING.value):
+            raise ClusterNotReadyError(f"cluster {name!r} is {row.state}: only a live cluster can be resized")
+        engine.resize(**changes)
+        with self._lock:
+            row = self._store.get(name)
+            if row is not None:
+                row.spec = engine.spec.to_dict()
+                self._store.put(row)
+        self._sync(name)
+        return self.get(name)
 
     def credentials(self, name: str, who: str) -> Any:
         """How to reach cluster ``name`` (its Ray token included); records
@@ -244,6 +277,7 @@ class ClusterManager:
             row.message = st.message
             row.ready_workers = st.ready_workers
             row.desired_workers = st.desired_workers
+            self._idle[name] = st.idle_workers
             row.address, row.client_address, row.dashboard_url = st.address, st.client_address, st.dashboard_url
             self._store.put(row)
             self._refresh(row)
@@ -392,6 +426,7 @@ class ClusterManager:
             update_time=_ts(row.updated or time.time()),
             message=row.message,
             gpus=spec.total_gpus,
+            idle_workers=self._idle.get(row.name, 0) if row.state in (State.RUNNING.value, State.DEGRADED.value) else 0,
         )
         with self._lock:
             self._cache[row.name] = msg

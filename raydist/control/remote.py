@@ -51,6 +51,12 @@ class RemoteCluster:
             created_at=cluster.create_time.ToNanoseconds() / 1e9, updated_at=cluster.update_time.ToNanoseconds() / 1e9,
         )
 
+    def resize(self, workers: int | None = None, *, min_workers: int | None = None,
+               max_workers: int | None = None, idle_timeout_s: float | None = None) -> None:
+        """Change the cluster's size while it runs (see ``RayCluster.resize``)."""
+        self._update(self._client.update(self.name, workers=workers, min_workers=min_workers,
+                                         max_workers=max_workers, idle_timeout_s=idle_timeout_s))
+
     def env(self, *, client: bool = True) -> dict[str, str]:
         """Environment for a process that should use this cluster:
         ``RAY_ADDRESS`` (the ``ray://`` address, or the GCS address with

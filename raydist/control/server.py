@@ -196,6 +196,10 @@ class ClusterService(rpc.ClusterServiceServicer):
         return await self._call("DeleteCluster", context,
                                 lambda: self.m.delete(request.name, request.allow_missing), blocking=True)
 
+    async def UpdateCluster(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        return await self._call("UpdateCluster", context,
+                                lambda: self.m.update(request.spec, list(request.update_mask.paths)), blocking=True)
+
     async def GetClusterCredentials(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         return await self._call("GetClusterCredentials", context,
                                 lambda: self.m.credentials(request.name, context.peer()))

@@ -73,6 +73,7 @@ class NodeLink:
     stopped: bool = False
     exit_code: int | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    demand: dict[str, Any] = field(default_factory=dict)  # the head's last demand reading (elastic clusters)
     log_tail: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_TAIL_LINES))
     _sock: socket.socket | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -88,7 +89,7 @@ class NodeLink:
             send(self._sock, self._lock, message)
 
 
-#: Called with (event, link): event is "hello", "started", "log", "stopped" or "closed".
+#: Called with (event, link): event is "hello", "started", "log", "demand", "stopped" or "closed".
 Listener = Callable[[str, NodeLink], None]
 
 
@@ -198,6 +199,8 @@ class NodeChannel:
                         sel.register(conn, selectors.EVENT_READ)
                         continue
                     assert isinstance(sock, socket.socket)
+                    if sock not in pending:
+                        continue  # dropped earlier in this round (the oldest, to make room)
                     buf, _ = pending[sock]
                     try:
                         chunk = sock.recv(_HELLO_MAX)
@@ -213,7 +216,11 @@ class NodeChannel:
                     if end >= 0:
                         pending.pop(sock)
                         sel.unregister(sock)
-                        self._admit(sock, bytes(buf[:end]), bytes(buf[end + 1:]))
+                        try:
+                            self._admit(sock, bytes(buf[:end]), bytes(buf[end + 1:]))
+                        except Exception:  # noqa: BLE001 - one bad connection must not stop the handshakes
+                            log.exception("node connection failed at its hello")
+                            sock.close()
         finally:
             for conn in list(pending):
                 drop(conn)
@@ -323,6 +330,9 @@ class NodeChannel:
             info = msg.get("info", {})
             link.info = dict(info) if isinstance(info, dict) else {}
             self._listener("started", link)
+        elif kind == "demand":
+            link.demand = msg
+            self._listener("demand", link)
         elif kind == "stopped":
             link.stopped = True
             code = msg.get("code")

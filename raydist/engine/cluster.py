@@ -13,8 +13,6 @@ them one after the other.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
 import os
 import secrets
@@ -30,11 +28,13 @@ from raydist.engine import spark as spark_side
 from raydist.engine.auth import ProcessEnv, RayToken, load_or_create_token
 from raydist.engine.channel import NodeChannel, NodeLink
 from raydist.engine.head import Head
-from raydist.engine.launch import HEAD_KEY, HEAD_PORTS, NodePlan, node_plans, route_ip, run_worker_node
+from raydist.engine.jobs import WorkerJobs
+from raydist.engine.launch import HEAD_KEY, HEAD_PORTS, node_plans, route_ip
 from raydist.engine.outbox import Outbox
 from raydist.engine.ports import preferred_or_free_port
 from raydist.engine.procs import wait_processes_gone
-from raydist.engine.slot import WorkerSlot, keep_filled
+from raydist.engine.scaler import Scaler, elastic
+from raydist.engine.slot import WorkerPool, WorkerSlot
 from raydist.errors import ClusterFailedError, NodeStartTimeoutError
 from raydist.spec import ClusterSpec, ClusterStatus, State
 
@@ -85,6 +85,7 @@ class RayCluster:
         self._outbox = Outbox(on_event, f"raydist-{spec.name}") if on_event is not None else None
         self._uid = secrets.token_hex(4)
         self._group = f"raydist-{spec.name}-{self._uid}"
+        self._temp_root = os.path.join("/tmp", f"raydist-{self._uid}")
         self._link_secret = secrets.token_hex(16)
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
@@ -95,15 +96,17 @@ class RayCluster:
         self._created = time.time()
         self._updated = self._created
         self._events: deque[tuple[float, str]] = deque(maxlen=200)
-        self._slots = [WorkerSlot(i, f"w{i}") for i in range(spec.desired_workers)]
+        # An elastic cluster starts min_workers nodes and follows Ray's demand (engine/scaler.py).
+        self._pool = WorkerPool(spec.required_workers if elastic(spec) else spec.desired_workers)
+        self._jobs = WorkerJobs(spark, group=self._group, cluster=spec.name, temp_root=self._temp_root,
+                                stopping=self._stopping, on_lost=self._on_worker_lost, record=self._record)
+        self._scaler = Scaler(self._pool, start=self._jobs.start, cancel=self._jobs.cancel, record=self._record)
+        self._cpus = 0  # CPUs per worker node, once launched
         self._head = Head(in_task=head_in_task)
         self._channel: NodeChannel | None = None
-        self._profile: Any = None
-        self._worker_plan: NodePlan | None = None
         self.address = ""
         self.client_address = ""
         self.dashboard_url = ""
-        self._temp_root = os.path.join("/tmp", f"raydist-{self._uid}")
         self._deadline = time.monotonic() + spec.start_timeout_s
         self._process_env = ProcessEnv(self._token)  # what connect/export_env set here; put back at down()
 
@@ -214,12 +217,14 @@ class RayCluster:
         """The observed state: RUNNING, DEGRADED (with the reason)..."""
         with self._lock:
             nodes = [self._head.status(self.spec.head_cpus, self.spec.head_gpus)]
-            nodes += [slot.status() for slot in self._slots]
+            active = self._pool.active()
+            nodes += [slot.status() for slot in active]
             return ClusterStatus(
                 name=self.name,
                 state=self._state,
-                ready_workers=sum(s.up for s in self._slots),
-                desired_workers=len(self._slots),
+                ready_workers=sum(s.up for s in active),
+                desired_workers=len(active),
+                idle_workers=sum(1 for s in active if s.up and s.idle_ms > 0),
                 message=self._message,
                 address=self.address,
                 client_address=self.client_address,
@@ -236,10 +241,10 @@ class RayCluster:
 
     def wait_for_workers(self, count: int | None = None, timeout: float = 120.0) -> bool:
         """Block until ``count`` (default: all) workers are up; False on timeout."""
-        want = len(self._slots) if count is None else count
+        want = len(self._pool.active()) if count is None else count
         deadline = time.monotonic() + timeout
         with self._changed:
-            while sum(s.up for s in self._slots) < want:
+            while sum(s.up for s in self._pool.active()) < want:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._state.terminal:
                     return False
@@ -277,7 +282,7 @@ class RayCluster:
             self._spark.sparkContext.cancelJobGroup(self._group)
         except Exception as exc:  # noqa: BLE001 - a stopped SparkContext has no jobs left
             log.debug("cancelJobGroup(%s): %s", self._group, exc)
-        for thread in [s.thread for s in self._slots] + [self._head.thread]:
+        for thread in [s.thread for s in self._pool.every()] + [self._head.thread]:
             if thread is not None and thread is not threading.current_thread():
                 thread.join(max(0.1, deadline - time.monotonic()))
         if channel is not None:
@@ -285,10 +290,10 @@ class RayCluster:
         if wait_processes_gone(f"raydist-{self._uid}", deadline):
             log.warning("cluster %s: some local Ray processes outlived the teardown deadline", self.name)
         shutil.rmtree(self._temp_root, ignore_errors=True)
-        for slot in self._slots:
-            shutil.rmtree(f"{self._temp_root}-{slot.key}", ignore_errors=True)
+        for slot in self._pool.every():
+            shutil.rmtree(self._jobs.temp_dir(slot), ignore_errors=True)
         with self._lock:
-            for slot in self._slots:
+            for slot in self._pool.every():
                 slot.up = False
             self._head.up = False
             if failed:
@@ -331,7 +336,7 @@ class RayCluster:
             ports = {name: preferred_or_free_port(head_ip, self._head_ports.get(name), taken)
                      for name in HEAD_PORTS}
             self._set_addresses(head_ip, ports)
-        head, self._worker_plan = node_plans(
+        head, self._jobs.plan = node_plans(
             spec, cap, cpus, head_ip=head_ip, ports=ports, channel=(driver_ip, self._channel.port),
             link_secret=self._link_secret, secret_env=self._token.env(), temp_dir=self._temp_root,
         )
@@ -339,15 +344,12 @@ class RayCluster:
         self._head.start(head, spark=self._spark, group=self._group, cluster=self.name, head_cpus=spec.head_cpus,
                          head_gpus=spec.head_gpus, on_job_end=self._on_head_job_end)
         try:
-            self._profile = spark_side.resource_profile(self._spark, cpus, spec.gpus_per_worker)
+            self._jobs.profile = spark_side.resource_profile(self._spark, cpus, spec.gpus_per_worker)
         except Exception as exc:  # noqa: BLE001 - stage-level scheduling is optional
             log.info("no stage-level scheduling (%s); using the default task resources", exc)
-            self._profile = None
-        for slot in self._slots:
-            slot.thread = threading.Thread(
-                target=self._keep_worker, args=(slot,), name=f"raydist-{spec.name}-{slot.key}", daemon=True
-            )
-            slot.thread.start()
+        self._cpus = cpus
+        for slot in self._pool.active():
+            self._jobs.start(slot)
 
     def _set_addresses(self, head_ip: str, ports: Mapping[str, int]) -> None:
         self.address = f"{head_ip}:{ports['gcs']}"
@@ -368,13 +370,50 @@ class RayCluster:
             self._set_state(State.FAILED, f"the head's {where} ended: {reason}" + (f": {tail}" if tail else ""))
         threading.Thread(target=self.down, daemon=True, name=f"raydist-{self.name}-failed").start()
 
-    def _keep_worker(self, slot: WorkerSlot) -> None:
-        keep_filled(slot, run_job=self._run_worker_job, stopping=self._stopping, on_lost=self._on_worker_lost,
-                    record=self._record)
+    def resize(self, workers: int | None = None, *, min_workers: int | None = None,
+               max_workers: int | None = None, idle_timeout_s: float | None = None) -> None:
+        """Change the cluster's size while it runs: ``workers`` for a fixed
+        size, or the elastic bounds and idle timeout. Nodes are added or
+        removed at once (removal prefers nodes that are not up yet, then the
+        newest); Spark's capacity is checked first (CapacityError)."""
+        changes: dict[str, Any] = {k: v for k, v in (("workers", workers), ("min_workers", min_workers),
+                                                       ("max_workers", max_workers),
+                                                       ("idle_timeout_s", idle_timeout_s)) if v is not None}
+        if workers is None and ("min_workers" in changes or "max_workers" in changes):
+            changes.setdefault("min_workers", self.spec.required_workers)
+            changes.setdefault("max_workers", self.spec.desired_workers)
+            changes["workers"] = None
+        spec = self.spec.replace(**changes)
+        cap = spark_side.capacity(self._spark)
+        spark_side.check_fits(spec, cap, self._cpus or cap.cores_per_executor,
+                              max(1, spec.head_cpus) if self._head.in_task else 0)
+        with self._lock:
+            if self._stopping.is_set() or self._state.terminal:
+                raise ClusterFailedError(f"cluster {self.name!r} is {self._state.value}: it cannot be resized")
+            self.spec = spec
+            active = len(self._pool.active())
+            target = spec.desired_workers if not elastic(spec) else min(max(active, spec.required_workers),
+                                                                         spec.desired_workers)
+            self._scale(target, "resized by request")
+
+    def _scale(self, target: int, reason: str, prefer: tuple[str, ...] = ()) -> None:
+        """Run ``target`` worker nodes (called with the lock held)."""
+        self._scaler.scale(target, reason, prefer)
+        self._refresh_state()
+
+    def _on_demand(self, reading: dict[str, Any]) -> None:
+        """A demand reading from the head (called with the lock held)."""
+        if self._stopping.is_set() or self._state.terminal:
+            return
+        if self._scaler.on_demand(reading, self.spec, self._cpus, ready=self._state != State.CREATING):
+            self._refresh_state()
 
     def _on_worker_lost(self, slot: WorkerSlot, reason: str) -> bool:
         """A worker's Spark job ended; returns whether to submit it again."""
         with self._lock:
+            if slot.retired.is_set():
+                slot.up = False
+                return False
             slot.up = False
             slot.last_reason = reason
             if spark_side.is_stopped(self._spark):
@@ -394,27 +433,17 @@ class RayCluster:
             self._refresh_state(f"worker {slot.key} lost: {reason}")
         return self.spec.self_heal
 
-    def _run_worker_job(self, slot: WorkerSlot) -> None:
-        assert self._worker_plan is not None
-        plan = dataclasses.replace(self._worker_plan, key=slot.key, temp_dir=f"{self._temp_root}-{slot.key}")
-        sc = self._spark.sparkContext
-        sc.setJobGroup(self._group, f"raydist cluster {self.name}: Ray worker {slot.key}", True)
-        rdd = sc.parallelize([slot.index], 1)
-        if self._profile is not None:
-            rdd = rdd.withResources(self._profile)
-        rdd.mapPartitions(functools.partial(run_worker_node, plan)).collect()
-
     def _on_link(self, event: str, link: NodeLink) -> None:
         with self._lock:
             if link.key == HEAD_KEY:
                 self._on_head(event, link)
                 return
-            slot = next((s for s in self._slots if s.key == link.key), None)
+            slot = self._pool.find(link.key)
             if slot is None:
                 return
             if event == "hello" and self._head.in_task and self._head.up:
                 link.tell({"cmd": "head", "address": self.address})
-            change = slot.on_link(event, link, stopping=self._stopping.is_set())
+            change = slot.on_link(event, link, stopping=self._stopping.is_set() or slot.retired.is_set())
             if change is not None:
                 record, lost = change
                 if record:
@@ -427,10 +456,12 @@ class RayCluster:
                 link.stop()  # Spark ran the head's task again: the workers know the first one only
                 return
             self._head.link = link
+        elif event == "demand" and link is self._head.link:
+            self._on_demand(link.demand)
         elif event == "started" and link is self._head.link:
             if self._head.in_task:
                 self._set_addresses(link.node_ip, link.info.get("ports", {}))
-                for slot in self._slots:
+                for slot in self._pool.every():
                     if slot.link is not None:
                         slot.link.tell({"cmd": "head", "address": self.address})
             self._head.up = True
@@ -449,17 +480,18 @@ class RayCluster:
             self._record(reason)
         if self._state in (State.DELETING, State.DELETED, State.FAILED):
             return
-        up = sum(s.up for s in self._slots)
+        active = self._pool.active()
+        up = sum(s.up for s in active)
         if not self._head.up:
             return
         if self._state == State.CREATING:
             if up >= self.spec.required_workers:
-                self._set_state(State.RUNNING, f"{up}/{len(self._slots)} workers up")
+                self._set_state(State.RUNNING, f"{up}/{len(active)} workers up")
             return
         if up >= self.spec.required_workers:
-            self._set_state(State.RUNNING, f"{up}/{len(self._slots)} workers up")
+            self._set_state(State.RUNNING, f"{up}/{len(active)} workers up")
         else:
-            self._set_state(State.DEGRADED, reason or f"{up}/{len(self._slots)} workers up")
+            self._set_state(State.DEGRADED, reason or f"{up}/{len(active)} workers up")
 
     def _set_state(self, state: State, message: str) -> None:
         changed = state != self._state
@@ -500,12 +532,12 @@ class RayCluster:
                 raise ClusterFailedError(self._message)
             pending = {
                 s.key: s.log_tail() or ["no Spark task started for this node (no free task slot?)"]
-                for s in self._slots
+                for s in self._pool.active()
                 if not s.up
             }
             raise NodeStartTimeoutError(
                 expected=self.spec.required_workers,
-                started=sum(s.up for s in self._slots),
+                started=sum(s.up for s in self._pool.active()),
                 timeout=self.spec.start_timeout_s,
                 pending=pending,
             )

@@ -36,6 +36,8 @@ __all__ = ["HEAD_KEY", "HEAD_PORTS", "NodePlan", "node_plans", "spawn_supervisor
 
 #: The head node's key on the node channel (workers are w0, w1...).
 HEAD_KEY = "head"
+#: How often the head of an elastic cluster reports Ray's unplaced demand.
+DEMAND_S = 1.0
 #: The head ports a deployment may pin (``head_ports``): the rest are free ports.
 HEAD_PORTS = ("gcs", "dashboard", "client")
 
@@ -67,6 +69,7 @@ class NodePlan:
     node_ip: str = ""
     deadline_s: float = 180.0
     dashboard: bool = False
+    demand_s: float = 0.0  # the head reports Ray's demand this often (elastic clusters)
 
     def __repr__(self) -> str:
         return f"NodePlan(cluster={self.cluster!r}, key={self.key!r}, head={self.head})"
@@ -114,6 +117,7 @@ def node_plans(
         temp_dir=temp_dir,
         node_ip=head_ip,
         dashboard=spec.dashboard,
+        demand_s=DEMAND_S if spec.required_workers < spec.desired_workers else 0.0,
         **common,
     )
     worker = NodePlan(
@@ -218,6 +222,7 @@ def spawn_supervisor(plan: NodePlan, *, argv: list[str], node_ip: str, env: Mapp
         "info": dict(info),
         "log_path": os.path.join(plan.temp_dir, f"raydist-{plan.key}.log") if plan.temp_dir else "",
         "temp_dir": plan.temp_dir,
+        "demand_s": plan.demand_s,
     }
     if plan.temp_dir:
         os.makedirs(plan.temp_dir, mode=0o700, exist_ok=True)
@@ -237,6 +242,10 @@ def spawn_supervisor(plan: NodePlan, *, argv: list[str], node_ip: str, env: Mapp
 
 def _node_env(plan: NodePlan, cuda_visible: str | None) -> dict[str, str]:
     env = {"RAY_USAGE_STATS_ENABLED": "0", **plan.env}
+    if not plan.head:
+        # Ray reports each node's "cloud instance id": the node's raydist key,
+        # so demand and idle readings name the slot they are about.
+        env["RAY_CLOUD_INSTANCE_ID"] = plan.key
     if cuda_visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible
     return env

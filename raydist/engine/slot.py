@@ -12,12 +12,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from raydist.engine.channel import NodeLink
 from raydist.spec import NodeStatus
 
-__all__ = ["WorkerSlot", "first_error_line", "keep_filled"]
+__all__ = ["WorkerPool", "WorkerSlot", "first_error_line", "keep_filled"]
 
 #: A job that ran at least this long was healthy: its end resets the backoff.
 HEALTHY_RUN_S = 60.0
@@ -37,6 +37,17 @@ class WorkerSlot:
     up_since: float = 0.0
     last_reason: str = ""
     thread: threading.Thread | None = None
+    #: Set when the cluster no longer wants this node (it shrank): its job is
+    #: not submitted again, and the slot leaves the pool once its thread ends.
+    retired: threading.Event = field(default_factory=threading.Event)
+
+    idle_ms: int = 0  # how long Ray has counted the node idle (elastic clusters' head reports it)
+
+    @property
+    def tag(self) -> str:
+        """Suffix of the Spark job tag of this slot's jobs (cancelled alone when it retires)."""
+        return f"slot-{self.key}"
+
 
     def status(self) -> NodeStatus:
         link = self.link
@@ -44,7 +55,7 @@ class WorkerSlot:
         return NodeStatus(
             key=self.key, up=self.up, host=link.host if link else "", node_ip=link.node_ip if link else "",
             cpus=int(info.get("cpus", 0)), gpus=int(info.get("gpus", 0)), gpu_ids=tuple(info.get("gpu_ids", ())),
-            restarts=self.restarts, message=self.last_reason,
+            restarts=self.restarts, message=self.last_reason, idle_s=self.idle_ms / 1000,
         )
 
     def on_link(self, event: str, link: NodeLink, *, stopping: bool) -> tuple[str, str] | None:
@@ -81,6 +92,52 @@ class WorkerSlot:
         return list(self.link.log_tail) if self.link is not None else []
 
 
+class WorkerPool:
+    """A cluster's worker slots: the ones it wants (active) and the ones
+    leaving (retired, until their Spark job has ended). Keys are never
+    reused, so a late message from a removed node cannot land on a new one.
+    The cluster's lock guards it."""
+
+    def __init__(self, initial: int) -> None:
+        self._all: list[WorkerSlot] = []
+        self._next = 0
+        self.add(initial)
+
+    def add(self, count: int) -> list[WorkerSlot]:
+        """``count`` new active slots (their threads are the caller's to start)."""
+        new = [WorkerSlot(self._next + i, f"w{self._next + i}") for i in range(count)]
+        self._next += count
+        self._all += new
+        return new
+
+    def active(self) -> list[WorkerSlot]:
+        return [s for s in self._all if not s.retired.is_set()]
+
+    def every(self) -> list[WorkerSlot]:
+        """Active and retiring slots."""
+        return list(self._all)
+
+    def find(self, key: str) -> WorkerSlot | None:
+        return next((s for s in self._all if s.key == key), None)
+
+    def pick_to_retire(self, count: int, prefer: tuple[str, ...] = ()) -> list[WorkerSlot]:
+        """``count`` active slots to remove: the named ones first, then nodes
+        not up yet, then the newest."""
+        active = self.active()
+        order = ([s for s in active if s.key in prefer] + [s for s in reversed(active) if not s.up]
+                 + list(reversed(active)))
+        picked: list[WorkerSlot] = []
+        for slot in order:
+            if slot not in picked and len(picked) < count:
+                picked.append(slot)
+        return picked
+
+    def prune(self) -> None:
+        """Forget retired slots whose Spark job has ended."""
+        self._all = [s for s in self._all
+                     if not (s.retired.is_set() and (s.thread is None or not s.thread.is_alive()))]
+
+
 def keep_filled(
     slot: WorkerSlot,
     *,
@@ -93,18 +150,18 @@ def keep_filled(
     each time it ends. ``on_lost(slot, reason)`` is told of every end and
     returns whether to submit again."""
     failures = 0
-    while not stopping.is_set():
+    while not stopping.is_set() and not slot.retired.is_set():
         started = time.monotonic()
         try:
             run_job(slot)
             reason = "its Spark task ended"
         except Exception as exc:  # noqa: BLE001 - any job end is a node loss to heal
             reason = first_error_line(exc)
-        if stopping.is_set() or not on_lost(slot, reason):
+        if stopping.is_set() or slot.retired.is_set() or not on_lost(slot, reason):
             return
         failures = 0 if time.monotonic() - started > HEALTHY_RUN_S else failures + 1
         backoff = min(MAX_BACKOFF_S, 0.5 * (2 ** min(failures, 6))) if failures else 0.2
-        if stopping.wait(backoff):
+        if stopping.wait(backoff) or slot.retired.is_set():
             return
         record(f"resubmitting worker {slot.key}")
 

@@ -231,6 +231,7 @@ class Supervisor:
         self.lock = threading.Lock()
         self.proc: subprocess.Popen[str] | None = None
         self.log_file: Any = None
+        self.argv_used: list[str] = []
         #: The head's GCS address, for a worker whose head runs in a Spark task
         #: (the driver says it over the link once the head is up).
         self.head_address = ""
@@ -382,6 +383,26 @@ class Supervisor:
             self.log(line)
             if "Ray runtime started" in line:
                 self.emit({"type": "started", "node_ip": self.cfg.get("node_ip", ""), "info": self.cfg.get("info", {})})
+                if float(self.cfg.get("demand_s") or 0) > 0:
+                    threading.Thread(target=self._report_demand, daemon=True).start()
+
+    def _report_demand(self) -> None:
+        """Run :mod:`raydist.engine.demand` beside the head (a child: it goes
+        with the node) and forward each reading to the driver."""
+        port = next((a.split("=", 1)[1] for a in self.argv_used if a.startswith("--port=")), "")
+        gcs = f"{self.cfg.get('node_ip') or '127.0.0.1'}:{port}"
+        env = {**os.environ, **self.cfg.get("env", {})}
+        proc = subprocess.Popen([sys.executable, "-m", "raydist.engine.demand", gcs, str(self.cfg["demand_s"])],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                text=True, env=env, preexec_fn=_die_with_parent)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            try:
+                reading = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(reading, dict) and not self.stop.is_set():
+                self.emit({"type": "demand", **reading})
 
     def argv(self) -> list[str]:
         argv = [f"--address={self.head_address}" if a == f"--address={HEAD_FROM_LINK}" else a
@@ -421,8 +442,9 @@ class Supervisor:
                 env.update(self.cfg.get("env", {}))
                 log_path = self.cfg.get("log_path")
                 self.log_file = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
+                self.argv_used = self.argv()
                 self.proc = subprocess.Popen(
-                    self.argv(),
+                    self.argv_used,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,

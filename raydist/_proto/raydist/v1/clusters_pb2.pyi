@@ -2,6 +2,7 @@
 import datetime
 
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -29,7 +30,7 @@ DELETED: State
 FAILED: State
 
 class ClusterSpec(_message.Message):
-    __slots__ = ("name", "workers", "min_workers", "max_workers", "cpus_per_worker", "gpus_per_worker", "memory_per_worker", "object_store_per_worker", "head_cpus", "head_gpus", "head_memory", "head_object_store", "spark_conf", "ray_start_options", "env", "start_timeout_s", "self_heal", "restart_on_server_restart", "dashboard")
+    __slots__ = ("name", "workers", "min_workers", "max_workers", "cpus_per_worker", "gpus_per_worker", "memory_per_worker", "object_store_per_worker", "head_cpus", "head_gpus", "head_memory", "head_object_store", "spark_conf", "ray_start_options", "env", "start_timeout_s", "self_heal", "restart_on_server_restart", "dashboard", "idle_timeout_s")
     class SparkConfEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +71,7 @@ class ClusterSpec(_message.Message):
     SELF_HEAL_FIELD_NUMBER: _ClassVar[int]
     RESTART_ON_SERVER_RESTART_FIELD_NUMBER: _ClassVar[int]
     DASHBOARD_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     name: str
     workers: int
     min_workers: int
@@ -89,10 +91,11 @@ class ClusterSpec(_message.Message):
     self_heal: bool
     restart_on_server_restart: bool
     dashboard: bool
-    def __init__(self, name: _Optional[str] = ..., workers: _Optional[int] = ..., min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., cpus_per_worker: _Optional[int] = ..., gpus_per_worker: _Optional[float] = ..., memory_per_worker: _Optional[int] = ..., object_store_per_worker: _Optional[int] = ..., head_cpus: _Optional[int] = ..., head_gpus: _Optional[int] = ..., head_memory: _Optional[int] = ..., head_object_store: _Optional[int] = ..., spark_conf: _Optional[_Mapping[str, str]] = ..., ray_start_options: _Optional[_Mapping[str, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., start_timeout_s: _Optional[float] = ..., self_heal: _Optional[bool] = ..., restart_on_server_restart: _Optional[bool] = ..., dashboard: _Optional[bool] = ...) -> None: ...
+    idle_timeout_s: float
+    def __init__(self, name: _Optional[str] = ..., workers: _Optional[int] = ..., min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., cpus_per_worker: _Optional[int] = ..., gpus_per_worker: _Optional[float] = ..., memory_per_worker: _Optional[int] = ..., object_store_per_worker: _Optional[int] = ..., head_cpus: _Optional[int] = ..., head_gpus: _Optional[int] = ..., head_memory: _Optional[int] = ..., head_object_store: _Optional[int] = ..., spark_conf: _Optional[_Mapping[str, str]] = ..., ray_start_options: _Optional[_Mapping[str, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., start_timeout_s: _Optional[float] = ..., self_heal: _Optional[bool] = ..., restart_on_server_restart: _Optional[bool] = ..., dashboard: _Optional[bool] = ..., idle_timeout_s: _Optional[float] = ...) -> None: ...
 
 class Cluster(_message.Message):
-    __slots__ = ("spec", "state", "ready_workers", "desired_workers", "address", "client_address", "dashboard_url", "create_time", "update_time", "message", "gpus")
+    __slots__ = ("spec", "state", "ready_workers", "desired_workers", "address", "client_address", "dashboard_url", "create_time", "update_time", "message", "gpus", "idle_workers")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     READY_WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +107,7 @@ class Cluster(_message.Message):
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_WORKERS_FIELD_NUMBER: _ClassVar[int]
     spec: ClusterSpec
     state: State
     ready_workers: int
@@ -115,7 +119,8 @@ class Cluster(_message.Message):
     update_time: _timestamp_pb2.Timestamp
     message: str
     gpus: float
-    def __init__(self, spec: _Optional[_Union[ClusterSpec, _Mapping]] = ..., state: _Optional[_Union[State, str]] = ..., ready_workers: _Optional[int] = ..., desired_workers: _Optional[int] = ..., address: _Optional[str] = ..., client_address: _Optional[str] = ..., dashboard_url: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message: _Optional[str] = ..., gpus: _Optional[float] = ...) -> None: ...
+    idle_workers: int
+    def __init__(self, spec: _Optional[_Union[ClusterSpec, _Mapping]] = ..., state: _Optional[_Union[State, str]] = ..., ready_workers: _Optional[int] = ..., desired_workers: _Optional[int] = ..., address: _Optional[str] = ..., client_address: _Optional[str] = ..., dashboard_url: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message: _Optional[str] = ..., gpus: _Optional[float] = ..., idle_workers: _Optional[int] = ...) -> None: ...
 
 class ClusterEvent(_message.Message):
     __slots__ = ("name", "state", "message", "time", "cluster")
@@ -178,6 +183,14 @@ class WatchClusterRequest(_message.Message):
     name: str
     history: bool
     def __init__(self, name: _Optional[str] = ..., history: _Optional[bool] = ...) -> None: ...
+
+class UpdateClusterRequest(_message.Message):
+    __slots__ = ("spec", "update_mask")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_MASK_FIELD_NUMBER: _ClassVar[int]
+    spec: ClusterSpec
+    update_mask: _field_mask_pb2.FieldMask
+    def __init__(self, spec: _Optional[_Union[ClusterSpec, _Mapping]] = ..., update_mask: _Optional[_Union[_field_mask_pb2.FieldMask, _Mapping]] = ...) -> None: ...
 
 class GetClusterCredentialsRequest(_message.Message):
     __slots__ = ("name",)

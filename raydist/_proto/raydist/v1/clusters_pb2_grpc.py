@@ -55,6 +55,11 @@ class ClusterServiceStub:
                 request_serializer=raydist_dot_v1_dot_clusters__pb2.DeleteClusterRequest.SerializeToString,
                 response_deserializer=raydist_dot_v1_dot_clusters__pb2.Cluster.FromString,
                 _registered_method=True)
+        self.UpdateCluster = channel.unary_unary(
+                '/raydist.v1.ClusterService/UpdateCluster',
+                request_serializer=raydist_dot_v1_dot_clusters__pb2.UpdateClusterRequest.SerializeToString,
+                response_deserializer=raydist_dot_v1_dot_clusters__pb2.Cluster.FromString,
+                _registered_method=True)
         self.WatchCluster = channel.unary_stream(
                 '/raydist.v1.ClusterService/WatchCluster',
                 request_serializer=raydist_dot_v1_dot_clusters__pb2.WatchClusterRequest.SerializeToString,
@@ -96,6 +101,13 @@ class ClusterServiceServicer:
 
     def DeleteCluster(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateCluster(self, request, context):
+        """Resize a running cluster (or change how it follows demand).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -142,6 +154,11 @@ def add_ClusterServiceServicer_to_server(servicer, server):
             'DeleteCluster': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteCluster,
                     request_deserializer=raydist_dot_v1_dot_clusters__pb2.DeleteClusterRequest.FromString,
+                    response_serializer=raydist_dot_v1_dot_clusters__pb2.Cluster.SerializeToString,
+            ),
+            'UpdateCluster': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateCluster,
+                    request_deserializer=raydist_dot_v1_dot_clusters__pb2.UpdateClusterRequest.FromString,
                     response_serializer=raydist_dot_v1_dot_clusters__pb2.Cluster.SerializeToString,
             ),
             'WatchCluster': grpc.unary_stream_rpc_method_handler(
@@ -267,6 +284,33 @@ class ClusterService:
             target,
             '/raydist.v1.ClusterService/DeleteCluster',
             raydist_dot_v1_dot_clusters__pb2.DeleteClusterRequest.SerializeToString,
+            raydist_dot_v1_dot_clusters__pb2.Cluster.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateCluster(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raydist.v1.ClusterService/UpdateCluster',
+            raydist_dot_v1_dot_clusters__pb2.UpdateClusterRequest.SerializeToString,
             raydist_dot_v1_dot_clusters__pb2.Cluster.FromString,
             options,
             channel_credentials,

@@ -1,0 +1,223 @@
+"""Elastic clusters and the DataFrame handoff, each against its anchor in the same run.
+
+(a) Scale: on one SparkSession (local-cluster[2,1,2048]), a cluster with no
+    worker node (min 0, max 2, one CPU each) gets one task that needs a CPU;
+    the time from submitting it to the task starting on a new node is
+    measured for `ray.util.spark.setup_ray_cluster(min_worker_nodes=0,
+    max_worker_nodes=2)` (Ray's autoscaler with its Spark node provider) and
+    for `raydist.up(min_workers=0, max_workers=2)`. Then, for raydist, the time
+    from that task's end until the node is gone and its Spark job has ended
+    (idle timeout --idle-timeout s).
+(b) Handoff: a DataFrame of --rows rows (a long, two doubles, a string) into
+    a fully consumed Ray Dataset on a 2-worker raydist cluster:
+    `raydist.data.from_spark(df)` against `df.write.parquet` +
+    `ray.data.read_parquet`, alternating, --rounds each (medians). Both must
+    give Spark's own row count and column checksums. Peak memory is the
+    highest sum of RSS over this machine's processes during each path, above
+    what was in use just before it.
+
+Last line:
+  scale_up_ratio=<raydist/ray.util.spark> scale_down_s=<s> handoff_ratio=<raydist/parquet> same_rows=<true|false>
+
+Targets: scale_up_ratio <= 0.5, scale_down_s <= idle timeout + 15, handoff_ratio <= 0.5, same_rows=true.
+
+Run: .venv/bin/python benchmarks/scaling.py [--rows 2000000] [--idle-timeout 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+def _demand_to_node(ray: Any) -> float:
+    """Submit one task that needs a CPU no node has; seconds until it starts."""
+
+    @ray.remote(num_cpus=1)
+    def started() -> float:
+        return time.time()
+
+    t0 = time.time()
+    return ray.get(started.remote(), timeout=600) - t0
+
+
+def anchor_scale_up(spark: Any) -> float:
+    import ray
+    from ray.util.spark import setup_ray_cluster, shutdown_ray_cluster
+
+    setup_ray_cluster(min_worker_nodes=0, max_worker_nodes=2, num_cpus_worker_node=1, num_gpus_worker_node=0,
+                      num_cpus_head_node=0)
+    try:
+        ray.init()
+        return _demand_to_node(ray)
+    finally:
+        ray.shutdown()
+        shutdown_ray_cluster()
+
+
+def raydist_scale(spark: Any, idle_timeout: float) -> tuple[float, float]:
+    import ray
+
+    import raydist
+
+    cluster = raydist.up(spark, name="scaling", min_workers=0, max_workers=2, cpus_per_worker=1,
+                         idle_timeout_s=idle_timeout)
+    try:
+        assert cluster.status().desired_workers == 0
+        ray.init()
+        up = _demand_to_node(ray)
+        ended = time.monotonic()
+        tracker = spark.sparkContext.statusTracker()
+
+        def slots_held() -> bool:
+            jobs = tracker.getJobIdsForGroup(cluster.job_group)
+            running = [j for j in jobs if (info := tracker.getJobInfo(j)) is not None and info.status == "RUNNING"]
+            return bool(running) or cluster.status().desired_workers > 0
+
+        while slots_held():
+            time.sleep(0.2)
+        down = time.monotonic() - ended
+        for _, event in cluster.events():
+            if "scaling" in event:
+                print(f"    event: {event}", flush=True)
+        return up, down
+    finally:
+        ray.shutdown()
+        cluster.down()
+
+
+class PeakMemory:
+    """Highest total RSS of this machine's processes while running, over the start."""
+
+    def __init__(self) -> None:
+        self.base = self._total()
+        self.peak = self.base
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _total() -> int:
+        total = 0
+        for proc in psutil.process_iter(["memory_info"]):
+            info = proc.info.get("memory_info")
+            if info is not None:
+                total += info.rss
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self.peak = max(self.peak, self._total())
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def extra_mb(self) -> float:
+        return (self.peak - self.base) / 2**20
+
+
+def _consume(ds: Any) -> tuple[int, int, float, int]:
+    import pyarrow.compute as pc
+
+    rows, ids, xs, chars = 0, 0, 0.0, 0
+    for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
+        rows += batch.num_rows
+        ids += pc.sum(batch.column("id")).as_py() or 0
+        xs += pc.sum(batch.column("x")).as_py() or 0.0
+        chars += pc.sum(pc.utf8_length(batch.column("s"))).as_py() or 0
+    return rows, ids, round(xs, 3), chars
+
+
+def handoff(spark: Any, rows: int, rounds: int) -> tuple[list[float], list[float], bool, float, float]:
+    import ray
+    from pyspark.sql import functions as F
+
+    import raydist
+    from raydist.data import from_spark
+
+    df = spark.range(0, rows, 1, 8).selectExpr(
+        "id", "id * 0.5 AS x", "CAST(id % 1000 AS DOUBLE) AS y", "concat('row-', CAST(id AS STRING)) AS s")
+    agg = df.agg(F.count("*"), F.sum("id"), F.sum("x"), F.sum(F.length("s"))).first()
+    expected = (int(agg[0]), int(agg[1]), round(float(agg[2]), 3), int(agg[3]))
+    ours, theirs, same = [], [], True
+    peak_ours = peak_theirs = 0.0
+    cluster = raydist.up(spark, name="handoff", workers=2, cpus_per_worker=1)
+    try:
+        ray.init()
+        for r in range(rounds):
+            with PeakMemory() as mem:
+                t0 = time.perf_counter()
+                got = _consume(from_spark(df))
+                ours.append(time.perf_counter() - t0)
+            peak_ours = max(peak_ours, mem.extra_mb)
+            same &= got == expected
+            where = tempfile.mkdtemp(prefix="raydist-handoff-")
+            try:
+                with PeakMemory() as mem:
+                    t0 = time.perf_counter()
+                    df.write.mode("overwrite").parquet(where)
+                    got = _consume(ray.data.read_parquet(where))
+                    theirs.append(time.perf_counter() - t0)
+                peak_theirs = max(peak_theirs, mem.extra_mb)
+            finally:
+                shutil.rmtree(where, ignore_errors=True)
+            same &= got == expected
+            print(f"  round {r + 1}: from_spark {ours[-1]:.2f} s, parquet {theirs[-1]:.2f} s, rows {got[0]}",
+                  flush=True)
+    finally:
+        ray.shutdown()
+        cluster.down()
+    return ours, theirs, same, peak_ours, peak_theirs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--idle-timeout", type=float, default=10.0)
+    parser.add_argument("--master", default="local-cluster[2,1,2048]")
+    args = parser.parse_args()
+    from raydist.engine.procs import ray_processes, wait_no_ray_processes
+    from raydist.engine.spark import embedded_session
+
+    before = {p.pid for p in ray_processes()}
+    spark = embedded_session(args.master)
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        anchor = anchor_scale_up(spark)
+        print(f"scale up, ray.util.spark: {anchor:.1f} s from demand to a task on a new node", flush=True)
+        up, down = raydist_scale(spark, args.idle_timeout)
+        print(f"scale up, raydist:        {up:.1f} s; slots back {down:.1f} s after the work ended "
+              f"(idle timeout {args.idle_timeout:g} s)", flush=True)
+        ours, theirs, same, peak_ours, peak_theirs = handoff(spark, args.rows, args.rounds)
+    finally:
+        spark.stop()
+    left = wait_no_ray_processes(ignore=before)
+    o, t = statistics.median(ours), statistics.median(theirs)
+    print(f"handoff of {args.rows} rows: from_spark {o:.2f} s (peak +{peak_ours:.0f} MB), "
+          f"parquet {t:.2f} s (peak +{peak_theirs:.0f} MB); leftover_ray_processes={len(left)}")
+    print(f"scale_up_ratio={up / anchor:.3f} scale_down_s={down:.1f} handoff_ratio={o / t:.3f} "
+          f"same_rows={'true' if same else 'false'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""The moving parts of the Spark <-> Ray Data handoff.
+
+``BlockAgent`` is a Ray actor, one per Ray node of a cluster (named, detached:
+it lives as long as the cluster). It listens on its node's address; a Spark
+task on the same host (or, failing that, any host) streams its partition to it
+as Arrow IPC over TCP, and the agent puts the table into its node's object
+store. The agent owns those blocks, so they outlive the Spark task that sent
+them; once the driver has taken their references, Ray's reference counting
+frees them when the Dataset is gone. The way back works the same in reverse.
+
+Nothing here writes a file: the bytes go from the Spark task's Arrow batches
+through a socket into the object store.
+
+The functions at the bottom run inside Spark tasks; they import neither Ray
+nor raydist's engine (only pyarrow and the standard library).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import socket
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+__all__ = ["BlockAgent", "send_partitions", "fetch_blocks", "AGENT_NAMESPACE"]
+
+AGENT_NAMESPACE = "raydist"
+_HEADER_MAX = 4096
+
+
+class BlockAgent:
+    """One node's receiver and sender of Arrow blocks (a Ray actor)."""
+
+    def __init__(self) -> None:
+        self._server: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._jobs: dict[str, dict[str, Any]] = {}
+
+    def open(self, host: str) -> int:
+        """Listen on ``host`` (this node's address); returns the port. Idempotent."""
+        with self._lock:
+            if self._server is None:
+                self._server = socket.create_server((host, 0), backlog=128)
+                threading.Thread(target=self._accept, daemon=True, name="raydist-block-agent").start()
+            return int(self._server.getsockname()[1])
+
+    def expect(self, job: str, secret: str) -> None:
+        """Accept partitions for ``job`` from connections that know ``secret``."""
+        with self._lock:
+            self._jobs[job] = {"secret": secret, "parts": {}, "errors": [], "offer": {}}
+
+    def offer(self, job: str, secret: str, blocks: Mapping[int, Any]) -> None:
+        """Serve ``blocks`` (index -> ObjectRef, held here until :meth:`drop`) for ``job``."""
+        with self._lock:
+            self._jobs[job] = {"secret": secret, "parts": {}, "errors": [], "offer": dict(blocks)}
+
+    def take(self, job: str) -> tuple[dict[int, tuple[Any, int]], list[str]]:
+        """The blocks received for ``job`` (part -> (ref, rows)) and the errors;
+        the agent forgets them (the caller's references keep them alive)."""
+        with self._lock:
+            state = self._jobs.pop(job, {"parts": {}, "errors": []})
+        return state["parts"], state["errors"]
+
+    def drop(self, job: str) -> None:
+        with self._lock:
+            self._jobs.pop(job, None)
+
+    # ------------------------------------------------------------------ serving
+
+    def _accept(self) -> None:
+        assert self._server is not None
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        import pyarrow as pa
+        import ray
+
+        conn.settimeout(600)
+        job = ""
+        try:
+            stream = conn.makefile("rb")
+            header = json.loads(stream.readline(_HEADER_MAX))
+            job = str(header.get("job", ""))
+            with self._lock:
+                state = self._jobs.get(job)
+            if state is None or not hmac.compare_digest(str(header.get("secret", "")).encode(),
+                                                        state["secret"].encode()):
+                return
+            if "block" in header:  # the way back: send one block to a Spark task
+                table = ray.get(state["offer"][int(header["block"])])
+                with conn.makefile("wb") as out, pa.ipc.new_stream(out, table.schema) as writer:
+                    writer.write_table(table)
+                return
+            table = pa.ipc.open_stream(stream).read_all()
+            ref = ray.put(table)  # this actor owns the block: it outlives the Spark task
+            with self._lock:
+                state["parts"][int(header["part"])] = (ref, table.num_rows)
+            conn.sendall(json.dumps({"rows": table.num_rows}).encode() + b"\n")
+        except Exception as exc:  # noqa: BLE001 - reported to the driver with the job
+            with self._lock:
+                if job in self._jobs:
+                    self._jobs[job]["errors"].append(f"{type(exc).__name__}: {exc}"[:500])
+        finally:
+            conn.close()
+
+
+# ---------------------------------------------------------------- in Spark tasks
+
+
+def _this_host(towards: str) -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((towards, 9))
+            return str(s.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
+
+
+def _agent_for(agents: Mapping[str, tuple[str, int]], driver_host: str) -> tuple[str, int]:
+    """This host's agent when one runs here, else any (the bytes then cross the network)."""
+    mine = _this_host(driver_host)
+    if mine in agents:
+        return agents[mine]
+    return sorted(agents.values())[hash(mine) % len(agents)]
+
+
+def send_partitions(job: str, secret: str, agents: Mapping[str, tuple[str, int]], driver_host: str,
+                    schema_ipc: bytes, batches: Iterator[Any]) -> Iterator[Any]:
+    """``mapInArrow`` body: stream this partition to a block agent; yields
+    one row (partition index, rows) for the driver."""
+    import pyarrow as pa
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    part = ctx.partitionId() if ctx is not None else 0
+    host, port = _agent_for(agents, driver_host)
+    with socket.create_connection((host, port), timeout=600) as sock:
+        out = sock.makefile("wb")
+        out.write(json.dumps({"job": job, "secret": secret, "part": part}).encode() + b"\n")
+        writer = None
+        for batch in batches:
+            if writer is None:
+                writer = pa.ipc.new_stream(out, batch.schema)
+            writer.write_batch(batch)
+        if writer is None:  # an empty partition still says what its columns are
+            writer = pa.ipc.new_stream(out, pa.ipc.read_schema(pa.py_buffer(schema_ipc)))
+        writer.close()
+        out.flush()
+        sock.shutdown(socket.SHUT_WR)
+        reply = sock.makefile("rb").readline(_HEADER_MAX)
+    if not reply:
+        raise RuntimeError(f"the Ray node at {host}:{port} did not take partition {part}; see the driver's error")
+    rows = int(json.loads(reply)["rows"])
+    yield pa.RecordBatch.from_pydict({"part": [part], "rows": [rows]},
+                                     schema=pa.schema([("part", pa.int32()), ("rows", pa.int64())]))
+
+
+def fetch_blocks(job: str, secret: str, holders: Mapping[int, tuple[str, int]],
+                 batches: Iterator[Any]) -> Iterator[Any]:
+    """``mapInArrow`` body for the way back: for each block index in the
+    input, stream that block from the agent that holds it."""
+    import pyarrow as pa
+
+    for batch in batches:
+        for index in batch.column(0).to_pylist():
+            host, port = holders[int(index)]
+            with socket.create_connection((host, port), timeout=600) as sock:
+                sock.sendall(json.dumps({"job": job, "secret": secret, "block": int(index)}).encode() + b"\n")
+                sock.shutdown(socket.SHUT_WR)
+                reader = pa.ipc.open_stream(sock.makefile("rb"))
+                yield from reader

@@ -1,0 +1,75 @@
+"""The Spark side of worker nodes: one Spark job per worker slot.
+
+Each slot's job runs in a thread of its own (:func:`raydist.engine.slot.keep_filled`
+submits it again when it ends). All of a cluster's jobs share its job group, so
+teardown is one cancel; each slot's jobs also carry a tag of their own, so a
+slot the cluster no longer wants is cancelled alone, even while its job still
+waits for a free task slot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from raydist.engine.launch import NodePlan, run_worker_node
+from raydist.engine.slot import WorkerSlot, keep_filled
+
+__all__ = ["WorkerJobs"]
+
+log = logging.getLogger(__name__)
+
+
+class WorkerJobs:
+    """Runs worker slots' Spark jobs for one cluster. ``plan`` (the workers'
+    plan) and ``profile`` (their ResourceProfile, or None) are set at launch."""
+
+    def __init__(self, spark: Any, *, group: str, cluster: str, temp_root: str, stopping: threading.Event,
+                 on_lost: Callable[[WorkerSlot, str], bool], record: Callable[[str], None]) -> None:
+        self._spark = spark
+        self._group = group
+        self._cluster = cluster
+        self._temp_root = temp_root
+        self._stopping = stopping
+        self._on_lost = on_lost
+        self._record = record
+        self.plan: NodePlan | None = None
+        self.profile: Any = None
+
+    def temp_dir(self, slot: WorkerSlot) -> str:
+        return f"{self._temp_root}-{slot.key}"
+
+    def start(self, slot: WorkerSlot) -> None:
+        """Keep ``slot``'s job running, in a thread of its own, until the
+        cluster stops or the slot retires."""
+        slot.thread = threading.Thread(
+            target=keep_filled, args=(slot,), daemon=True, name=f"raydist-{self._cluster}-{slot.key}",
+            kwargs={"run_job": self._run, "stopping": self._stopping, "on_lost": self._on_lost,
+                    "record": self._record},
+        )
+        slot.thread.start()
+
+    def cancel(self, slot: WorkerSlot) -> None:
+        """Cancel ``slot``'s jobs (running or still waiting for a task slot)."""
+        try:
+            self._spark.sparkContext.cancelJobsWithTag(self._tag(slot))
+        except Exception as exc:  # noqa: BLE001 - the node's own stop ends its job anyway
+            log.debug("cancelJobsWithTag: %s", exc)
+
+    def _tag(self, slot: WorkerSlot) -> str:
+        return f"{self._group}-{slot.tag}"
+
+    def _run(self, slot: WorkerSlot) -> None:
+        assert self.plan is not None
+        plan = dataclasses.replace(self.plan, key=slot.key, temp_dir=self.temp_dir(slot))
+        sc = self._spark.sparkContext
+        sc.setJobGroup(self._group, f"raydist cluster {self._cluster}: Ray worker {slot.key}", True)
+        sc.addJobTag(self._tag(slot))  # tags are per thread: this thread's jobs are this slot's
+        rdd = sc.parallelize([slot.index], 1)
+        if self.profile is not None:
+            rdd = rdd.withResources(self.profile)
+        rdd.mapPartitions(functools.partial(run_worker_node, plan)).collect()

@@ -1,0 +1,45 @@
+"""The elastic cluster's rules (raydist.engine.scaler), on their own."""
+
+from __future__ import annotations
+
+from raydist.engine.scaler import decide, nodes_for
+
+BASE = dict(min_workers=0, max_workers=3, cpus=2, gpus=0.0, idle_timeout_s=60.0)
+
+
+def test_pending_bundles_are_packed_onto_worker_shaped_nodes() -> None:
+    assert nodes_for([({"CPU": 1.0}, 3)], cpus=2, gpus=0) == (2, 0)
+    assert nodes_for([({"CPU": 2.0}, 1), ({"CPU": 1.0}, 2)], cpus=2, gpus=0) == (2, 0)
+    # What no node of this shape can ever hold is not a reason to add nodes.
+    assert nodes_for([({"CPU": 4.0}, 1), ({"GPU": 1.0}, 1), ({"CPU": 1.0, "custom": 1.0}, 1)], cpus=2, gpus=0) == (0, 3)
+    assert nodes_for([({"CPU": 1.0, "GPU": 1.0}, 2)], cpus=4, gpus=1) == (2, 0)
+
+
+def test_grows_for_demand_up_to_max_counting_nodes_already_starting() -> None:
+    grow = decide(pending=[({"CPU": 1.0}, 2)], idle_ms={}, active=0, up=0, **BASE)
+    assert grow is not None and grow.workers == 1 and "2 resource request" in grow.reason
+    # One node already starting takes the same demand: nothing more to add.
+    assert decide(pending=[({"CPU": 1.0}, 2)], idle_ms={}, active=1, up=0, **BASE) is None
+    capped = decide(pending=[({"CPU": 2.0}, 10)], idle_ms={}, active=1, up=1, **BASE)
+    assert capped is not None and capped.workers == 3
+    assert decide(pending=[({"CPU": 2.0}, 10)], idle_ms={}, active=3, up=3, **BASE) is None
+
+
+def test_shrinks_idle_nodes_down_to_min_and_never_while_demand_waits() -> None:
+    idle = {"w0": 61_000, "w1": 61_000, "w2": 5_000}
+    shrink = decide(pending=[], idle_ms=idle, active=3, up=3, **BASE)
+    assert shrink is not None and shrink.workers == 1 and set(shrink.remove) == {"w0", "w1"}
+    floor = decide(pending=[], idle_ms=idle, active=3, up=3, **{**BASE, "min_workers": 2})
+    assert floor is not None and floor.workers == 2 and len(floor.remove) == 1
+    assert decide(pending=[({"CPU": 1.0}, 1)], idle_ms=idle, active=3, up=3, **BASE) is None
+    # Demand no node could hold does not keep idle nodes.
+    impossible = decide(pending=[({"CPU": 64.0}, 1)], idle_ms=idle, active=3, up=3, **BASE)
+    assert impossible is not None and impossible.workers == 1
+    assert decide(pending=[], idle_ms={"w0": 1_000}, active=1, up=1, **BASE) is None
+
+
+def test_nodes_still_starting_go_first_when_no_demand_is_left() -> None:
+    gone = decide(pending=[], idle_ms={"w0": 0}, starting_keys=("w1",), active=2, up=1, **BASE)
+    assert gone is not None and gone.workers == 1 and gone.remove == ("w1",) and "no demand" in gone.reason
+    assert decide(pending=[], idle_ms={}, starting_keys=("w0",), active=1, up=0,
+                  **{**BASE, "min_workers": 1}) is None  # min_workers always run
