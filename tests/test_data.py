@@ -74,8 +74,8 @@ def test_a_torch_trainer_trains_on_a_dataframe(spark, cluster) -> None:
     from raydist.data import from_spark
     from raydist.train import TorchTrainer
 
-    df = spark.range(0, 4_000, 1, 4).selectExpr("CAST(id % 100 AS FLOAT) / 100 AS x",
-                                                 "CAST(3 * (id % 100) AS FLOAT) / 100 + 1 AS y")
+    df = spark.range(0, 4_000, 1, 4).selectExpr("CAST((id % 100) / 100 AS FLOAT) AS x",
+                                                 "CAST(3 * (id % 100) / 100 + 1 AS FLOAT) AS y")
 
     def train_fn(config):
         import ray.train

@@ -98,14 +98,16 @@ def arrow_schema(df: Any) -> Any:
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import StructType
 
+    tz = df.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"
     try:
-        return to_arrow_schema(df.schema)
+        return to_arrow_schema(df.schema, timezone=tz)
     except Exception as first:  # noqa: BLE001 - find the column to name
         for field in df.schema.fields:
             try:
-                to_arrow_schema(StructType([field]))
+                to_arrow_schema(StructType([field]), timezone=tz)
             except Exception as exc:  # noqa: BLE001
-                raise DataFormatError(field.name, field.dataType.simpleString(), str(exc).splitlines()[0]) from None
+                detail = (str(exc).strip().splitlines() or [""])[0]
+                raise DataFormatError(field.name, field.dataType.simpleString(), detail) from None
         raise DataFormatError("?", "?", str(first)) from None
 
 
