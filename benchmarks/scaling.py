@@ -1,6 +1,6 @@
 """Elastic clusters and the DataFrame handoff, each against its anchor in the same run.
 
-(a) Scale: on one SparkSession (local-cluster[2,1,2048]), a cluster with no
+(a) Scale: on one SparkSession (local-cluster[2,2,2048]), a cluster with no
     worker node (min 0, max 2, one CPU each) gets one task that needs a CPU;
     the time from submitting it to the task starting on a new node is
     measured for `ray.util.spark.setup_ray_cluster(min_worker_nodes=0,
@@ -193,7 +193,8 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--idle-timeout", type=float, default=10.0)
-    parser.add_argument("--master", default="local-cluster[2,1,2048]")
+    # Two cores per executor: the Ray nodes take one each, Spark's own jobs (the handoff) the other.
+    parser.add_argument("--master", default="local-cluster[2,2,2048]")
     args = parser.parse_args()
     from raydist.engine.procs import ray_processes, wait_no_ray_processes
     from raydist.engine.spark import embedded_session

@@ -37,7 +37,9 @@ def main() -> None:
     from raydist.engine.spark import embedded_session
     from raydist.train import TorchTrainer
 
-    spark = embedded_session()
+    # Two executors of two cores: one per executor for the Ray worker nodes, one
+    # for Spark's own jobs (the handoff is one).
+    spark = embedded_session("local-cluster[2,2,2048]")
     spark.sparkContext.setLogLevel("ERROR")
     df = spark.range(0, 20_000, 1, 4).selectExpr(
         "CAST(rand(1) AS FLOAT) AS x").selectExpr("x", "CAST(2 * x + 0.5 + (rand(2) - 0.5) / 20 AS FLOAT) AS y")

@@ -102,3 +102,12 @@ def test_a_torch_trainer_trains_on_a_dataframe(spark, cluster) -> None:
     out = TorchTrainer(train_fn, workers=2, datasets={"train": from_spark(df)}).run()
     assert out["rows_per_epoch"] == 4_000  # every row, once per epoch, across both workers
     assert out["last"] < out["first"] / 10
+
+
+def test_no_free_task_slot_is_an_error_not_a_hang(spark, cluster) -> None:
+    from raydist.data import from_spark
+    from raydist.errors import CapacityError
+
+    with raydist.up(spark, name="all-slots", workers=2, cpus_per_worker=1):  # with the module's: all four
+        with pytest.raises(CapacityError, match="free task slot"):
+            from_spark(spark.range(10))

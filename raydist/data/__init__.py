@@ -41,6 +41,7 @@ def from_spark(df: Any, cluster: Any = None) -> Any:
 
     _connect(cluster)
     schema = arrow_schema(df)
+    _check_free_slot(df.sparkSession)
     agents = _agents()
     job, secret = uuid.uuid4().hex, secrets.token_hex(16)
     ray.get([agent.expect.remote(job, secret) for agent in agents.values()])
@@ -69,6 +70,7 @@ def to_spark(ds: Any, spark: Any) -> Any:
     import ray
     from pyspark.sql.pandas.types import from_arrow_schema
 
+    _check_free_slot(spark)
     refs = ds.to_arrow_refs()
     if not refs:
         return spark.createDataFrame([], from_arrow_schema(ds.schema().base_schema))
@@ -112,6 +114,28 @@ def arrow_schema(df: Any) -> Any:
 
 
 # ------------------------------------------------------------------ internals
+
+
+def _check_free_slot(spark: Any) -> None:
+    """The handoff is a Spark job: refuse at once, saying why, when Ray nodes
+    (long-running tasks) hold every task slot, instead of waiting forever."""
+    from raydist.engine import spark as spark_side
+    from raydist.errors import CapacityError
+
+    cap = spark_side.capacity(spark, wait_s=0)
+    if cap.dynamic or cap.executors <= 0:
+        return
+    tracker = spark.sparkContext.statusTracker()
+    busy = sum(info.numActiveTasks for sid in tracker.getActiveStageIds()
+               if (info := tracker.getStageInfo(sid)) is not None)
+    total = cap.executors * cap.cores_per_executor
+    if busy >= total:
+        raise CapacityError(
+            "a free task slot for the handoff's Spark job",
+            f"running tasks (Ray nodes among them) hold all {total} of the application's task slots",
+            "leave Spark a slot: fewer or smaller worker nodes (cpus_per_worker below spark.executor.cores), "
+            "or an elastic cluster (min_workers < max_workers) whose idle nodes give theirs back",
+        )
 
 
 def _connect(cluster: Any) -> None:
