@@ -68,7 +68,43 @@ def anchor_scale_up(spark: Any) -> float:
         shutdown_ray_cluster()
 
 
-def raydist_scale(spark: Any, idle_timeout: float) -> tuple[float, float]:
+def bare_node_start(address: str, env: dict[str, str]) -> float:
+    """The floor of any demand-to-node time here: seconds for a bare `ray
+    start` to join a running cluster (no Spark, no raydist), with its own
+    free ports and temp dir; the node is stopped by its own process group."""
+    import signal
+    import subprocess
+
+    from raydist.engine.launch import ray_executable
+    from raydist.engine.ports import free_port
+    from raydist.engine.supervisor import NODE_PORT_OPTIONS
+
+    temp = tempfile.mkdtemp(prefix="raydist-floor-")
+    taken: set[int] = set()
+    argv = [ray_executable(), "start", "--block", f"--address={address}", "--num-cpus=1", "--num-gpus=0",
+            f"--temp-dir={temp}", "--disable-usage-stats",
+            *(f"--{opt}={free_port('127.0.0.1', taken)}" for opt in NODE_PORT_OPTIONS)]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **env}, start_new_session=True)
+    took = float("nan")
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "Ray runtime started" in line:
+                took = time.perf_counter() - t0
+                break
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(temp, ignore_errors=True)
+    return took
+
+
+def raydist_scale(spark: Any, idle_timeout: float) -> tuple[float, float, float]:
     import ray
 
     import raydist
@@ -91,9 +127,10 @@ def raydist_scale(spark: Any, idle_timeout: float) -> tuple[float, float]:
             time.sleep(0.2)
         down = time.monotonic() - ended
         for _, event in cluster.events():
-            if "scaling" in event:
+            if "scaling" in event or " up on " in event:
                 print(f"    event: {event}", flush=True)
-        return up, down
+        floor = bare_node_start(cluster.address, cluster.env())
+        return up, down, floor
     finally:
         ray.shutdown()
         cluster.down()
@@ -188,6 +225,47 @@ def handoff(spark: Any, rows: int, rounds: int) -> tuple[list[float], list[float
     return ours, theirs, same, peak_ours, peak_theirs
 
 
+def _part(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Run one part in a fresh process (one Ray driver life per process: Ray
+    does not take a second cluster with other auth settings well)."""
+    import json
+    import subprocess
+
+    argv = [sys.executable, __file__, "--part", name, "--rows", str(args.rows), "--rounds", str(args.rounds),
+            "--idle-timeout", str(args.idle_timeout), "--master", args.master]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+    for line in proc.stdout.splitlines():
+        if not line.startswith("PART "):
+            print(line, flush=True)
+    results = [line for line in proc.stdout.splitlines() if line.startswith("PART ")]
+    if proc.returncode != 0 or not results:
+        print(proc.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"part {name} failed (exit {proc.returncode})")
+    return dict(json.loads(results[-1][len("PART "):]))
+
+
+def run_part(args: argparse.Namespace) -> int:
+    import json
+
+    from raydist.engine.spark import embedded_session
+
+    spark = embedded_session(args.master)
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        if args.part == "anchor":
+            out: dict[str, Any] = {"anchor": anchor_scale_up(spark)}
+        elif args.part == "scale":
+            up, down, floor = raydist_scale(spark, args.idle_timeout)
+            out = {"up": up, "down": down, "floor": floor}
+        else:
+            ours, theirs, same, peak_ours, peak_theirs = handoff(spark, args.rows, args.rounds)
+            out = {"ours": ours, "theirs": theirs, "same": same, "peak_ours": peak_ours, "peak_theirs": peak_theirs}
+    finally:
+        spark.stop()
+    print("PART " + json.dumps(out), flush=True)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=2_000_000)
@@ -195,28 +273,26 @@ def main() -> int:
     parser.add_argument("--idle-timeout", type=float, default=10.0)
     # Two cores per executor: the Ray nodes take one each, Spark's own jobs (the handoff) the other.
     parser.add_argument("--master", default="local-cluster[2,2,2048]")
+    parser.add_argument("--part", choices=("anchor", "scale", "handoff"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.part:
+        return run_part(args)
     from raydist.engine.procs import ray_processes, wait_no_ray_processes
-    from raydist.engine.spark import embedded_session
 
     before = {p.pid for p in ray_processes()}
-    spark = embedded_session(args.master)
-    spark.sparkContext.setLogLevel("ERROR")
-    try:
-        anchor = anchor_scale_up(spark)
-        print(f"scale up, ray.util.spark: {anchor:.1f} s from demand to a task on a new node", flush=True)
-        up, down = raydist_scale(spark, args.idle_timeout)
-        print(f"scale up, raydist:        {up:.1f} s; slots back {down:.1f} s after the work ended "
-              f"(idle timeout {args.idle_timeout:g} s)", flush=True)
-        ours, theirs, same, peak_ours, peak_theirs = handoff(spark, args.rows, args.rounds)
-    finally:
-        spark.stop()
+    anchor = _part("anchor", args)["anchor"]
+    print(f"scale up, ray.util.spark: {anchor:.1f} s from demand to a task on a new node", flush=True)
+    scale = _part("scale", args)
+    print(f"scale up, raydist:        {scale['up']:.1f} s; slots back {scale['down']:.1f} s after the work ended "
+          f"(idle timeout {args.idle_timeout:g} s); a bare `ray start` joining a cluster here takes "
+          f"{scale['floor']:.1f} s (the floor of any demand-to-node time)", flush=True)
+    data = _part("handoff", args)
     left = wait_no_ray_processes(ignore=before)
-    o, t = statistics.median(ours), statistics.median(theirs)
-    print(f"handoff of {args.rows} rows: from_spark {o:.2f} s (peak +{peak_ours:.0f} MB), "
-          f"parquet {t:.2f} s (peak +{peak_theirs:.0f} MB); leftover_ray_processes={len(left)}")
-    print(f"scale_up_ratio={up / anchor:.3f} scale_down_s={down:.1f} handoff_ratio={o / t:.3f} "
-          f"same_rows={'true' if same else 'false'}")
+    o, t = statistics.median(data["ours"]), statistics.median(data["theirs"])
+    print(f"handoff of {args.rows} rows: from_spark {o:.2f} s (peak +{data['peak_ours']:.0f} MB), "
+          f"parquet {t:.2f} s (peak +{data['peak_theirs']:.0f} MB); leftover_ray_processes={len(left)}")
+    print(f"scale_up_ratio={scale['up'] / anchor:.3f} scale_down_s={scale['down']:.1f} handoff_ratio={o / t:.3f} "
+          f"same_rows={'true' if data['same'] else 'false'}")
     return 0
 
 

@@ -242,7 +242,11 @@ def _table(clusters: list[Any]) -> None:
         table.add_column("MESSAGE", overflow="fold", max_width=60)
     for c in clusters:
         state = pb.State.Name(c.state)
-        row = [c.spec.name, f"[{_STATE_STYLE.get(state, '')}]{state}[/]", f"{c.ready_workers}/{c.desired_workers}",
+        workers = f"{c.ready_workers}/{c.desired_workers}"
+        low, high = c.spec.min_workers, c.spec.max_workers
+        if c.spec.HasField("min_workers") and c.spec.HasField("max_workers") and low < high:
+            workers += f" ({low}..{high}" + (f", {c.idle_workers} idle)" if c.idle_workers else ")")
+        row = [c.spec.name, f"[{_STATE_STYLE.get(state, '')}]{state}[/]", workers,
                f"{c.gpus:g}" if c.gpus else "-", c.client_address or "-", _age(c)]
         if show_msg:
             row.append(c.message if c.state in (pb.FAILED, pb.DEGRADED) else "-")
