@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -113,6 +114,33 @@ def test_python_api_through_the_control_plane(server: Server, monkeypatch: pytes
         ran = run_client_py("import ray; ray.init(); print(ray.get(ray.remote(lambda: 6 * 7).remote()))", env)
         assert ran.returncode == 0 and ran.stdout.strip().endswith("42"), ran.stderr[-2000:]
     assert server.client().get("via-api").state == 5  # DELETED
+
+
+def test_scale_an_elastic_cluster_from_the_cli(server: Server) -> None:
+    up = server.cli("up", "elastic", "--min-workers", "0", "--max-workers", "2", "--cpus-per-worker", "1",
+                    "--idle-timeout", "30")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        info = json.loads(server.cli("status", "elastic", "-o", "json").stdout)
+        assert info["state"] == "RUNNING" and info.get("desired_workers", 0) == 0  # nothing asked for yet
+        assert "(0..2" in server.cli("status").stdout
+        scaled = server.cli("scale", "elastic", "1")
+        assert scaled.returncode == 0 and "1 workers" in scaled.stdout, scaled.stdout + scaled.stderr
+        cluster = server.client().wait("elastic", timeout=60)
+        deadline = time.monotonic() + 120
+        while cluster.ready_workers < 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            cluster = server.client().get("elastic")
+        assert cluster.ready_workers == 1 and cluster.desired_workers == 1
+        assert "scaling from 0 to 1" in server.cli("logs", "elastic").stdout
+        bad = server.cli("scale", "elastic", "50")
+        assert bad.returncode == 1 and "Spark cannot fit" in bad.stderr
+        with pytest.raises(RPCError) as err:
+            server.client()._call("UpdateCluster", server.client()._pb.UpdateClusterRequest(
+                spec={"name": "elastic"}, update_mask={"paths": ["env"]}), None, None)
+        assert err.value.code == "INVALID_ARGUMENT" and err.value.details.startswith("update_mask")
+    finally:
+        server.cli("down", "elastic")
 
 
 def test_each_cluster_has_its_own_ray_token(server: Server) -> None:

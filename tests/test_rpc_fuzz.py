@@ -181,6 +181,36 @@ def test_by_name(server: Server, stub: Any, rpc_name: str) -> None:
     assert count >= EXAMPLES
 
 
+def test_update(server: Server, stub: Any) -> None:
+    from raydist._proto import pb
+
+    updatable = ("workers", "min_workers", "max_workers", "idle_timeout_s")
+    paths = st.lists(st.one_of(st.sampled_from(updatable), _TEXT), max_size=3)
+    count = 0
+
+    @_SETTINGS
+    @given(spec=messages(pb.ClusterSpec), mask=paths)
+    def check(spec: Any, mask: list[str]) -> None:
+        nonlocal count
+        count += 1
+        request = pb.UpdateClusterRequest(spec=spec, update_mask={"paths": mask})
+        code, details, _ = _call(server, stub.UpdateCluster, request)
+        try:
+            check_name(spec.name, "spec.name")
+            if not mask or any(p not in updatable for p in mask):
+                raise SpecError("update_mask", mask, "bad")
+            unset = [p for p in mask if p != "idle_timeout_s" and not spec.HasField(p)]
+            if unset:
+                raise SpecError(unset[0], None, "unset")
+        except SpecError as error:
+            _expect_invalid(code, details, error)
+            return
+        assert code == grpc.StatusCode.NOT_FOUND, (code, details)  # no cluster exists here
+
+    check()
+    assert count >= EXAMPLES
+
+
 def test_list_and_server_info(server: Server, stub: Any) -> None:
     from raydist._proto import pb
 

@@ -37,7 +37,7 @@ __all__ = ["HEAD_KEY", "HEAD_PORTS", "NodePlan", "node_plans", "spawn_supervisor
 #: The head node's key on the node channel (workers are w0, w1...).
 HEAD_KEY = "head"
 #: How often the head of an elastic cluster reports Ray's unplaced demand.
-DEMAND_S = 1.0
+DEMAND_S = 0.5
 #: The head ports a deployment may pin (``head_ports``): the rest are free ports.
 HEAD_PORTS = ("gcs", "dashboard", "client")
 
