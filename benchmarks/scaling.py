@@ -127,7 +127,7 @@ def raydist_scale(spark: Any, idle_timeout: float) -> tuple[float, float, float]
             time.sleep(0.2)
         down = time.monotonic() - ended
         for _, event in cluster.events():
-            if "scaling" in event or " up on " in event:
+            if "scaling" in event or "up on" in event:
                 print(f"    event: {event}", flush=True)
         floor = bare_node_start(cluster.address, cluster.env())
         return up, down, floor
@@ -191,7 +191,8 @@ def handoff(spark: Any, rows: int, rounds: int) -> tuple[list[float], list[float
     from raydist.data import from_spark
 
     df = spark.range(0, rows, 1, 8).selectExpr(
-        "id", "id * 0.5 AS x", "CAST(id % 1000 AS DOUBLE) AS y", "concat('row-', CAST(id AS STRING)) AS s")
+        "id", "CAST(id AS DOUBLE) * 0.5 AS x", "CAST(id % 1000 AS DOUBLE) AS y",
+        "concat('row-', CAST(id AS STRING)) AS s")
     agg = df.agg(F.count("*"), F.sum("id"), F.sum("x"), F.sum(F.length("s"))).first()
     expected = (int(agg[0]), int(agg[1]), round(float(agg[2]), 3), int(agg[3]))
     ours, theirs, same = [], [], True

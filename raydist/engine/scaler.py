@@ -75,7 +75,6 @@ def decide(
     *,
     pending: Sequence[tuple[Mapping[str, float], int]],
     idle_ms: Mapping[str, int],
-    starting_keys: Sequence[str] = (),
     active: int,
     up: int,
     min_workers: int,
@@ -86,8 +85,7 @@ def decide(
 ) -> Decision | None:
     """The change to make to an elastic cluster of ``active`` wanted worker
     nodes (``up`` of them running), or None to keep it as it is. ``idle_ms``
-    maps each running node's key to how long Ray has counted it idle;
-    ``starting_keys`` names the wanted nodes not up yet."""
+    maps each running node's key to how long Ray has counted it idle."""
     needed, _ = nodes_for(pending, cpus, gpus)
     starting = max(0, active - up)
     if needed > starting and active < max_workers:
@@ -97,19 +95,14 @@ def decide(
                                 f"({_describe(pending)}); {target - active} more node(s)")
     if needed:
         return None  # demand that new or starting nodes will take: nothing is idle for long
-    # Nothing waits: nodes still starting are not needed any more (their Spark
-    # slots go back at once), nor are nodes idle past the timeout.
+    # Nothing waits: nodes idle past the timeout go. A node still starting is
+    # left to come up (a reading between a task's lease requests can show no
+    # demand for a moment); once up and idle, the timeout takes it.
     idle = sorted(key for key, ms in idle_ms.items() if ms >= idle_timeout_s * 1000)
-    candidates = [*starting_keys, *idle]
-    removable = max(0, min(len(candidates), active - min_workers))
+    removable = max(0, min(len(idle), active - min_workers))
     if removable:
-        gone = tuple(candidates[:removable])
-        why = []
-        if set(gone) & set(starting_keys):
-            why.append(f"no demand waits for {', '.join(k for k in gone if k in starting_keys)}")
-        if set(gone) & set(idle):
-            why.append(f"idle for {idle_timeout_s:g} s or more: {', '.join(k for k in gone if k in idle)}")
-        return Decision(active - removable, "; ".join(why), gone)
+        gone = tuple(idle[:removable])
+        return Decision(active - removable, f"idle for {idle_timeout_s:g} s or more: {', '.join(gone)}", gone)
     return None
 
 
@@ -169,7 +162,7 @@ class Scaler:
             return False
         decision = decide(
             pending=[(dict(b), int(c)) for b, c in reading.get("pending", [])],
-            idle_ms={s.key: s.idle_ms for s in active if s.up}, starting_keys=tuple(s.key for s in active if not s.up),
+            idle_ms={s.key: s.idle_ms for s in active if s.up},
             active=len(active), up=sum(s.up for s in active), min_workers=spec.required_workers,
             max_workers=spec.desired_workers, cpus=cpus, gpus=spec.gpus_per_worker,
             idle_timeout_s=spec.idle_timeout_s,
