@@ -25,7 +25,6 @@ stdin, so no secret ever appears on a command line.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import secrets
@@ -43,6 +42,14 @@ import psutil
 
 from raydist.engine.channel import LOG_TAIL_LINES
 from raydist.engine.ports import free_port, wait_for_port
+from raydist.engine.reaper import (
+    become_subreaper,
+    core_died,
+    die_with_parent,
+    kill_descendants,
+    start_sentinel,
+    watched_alive,
+)
 from raydist.engine.wire import (
     HANDSHAKE_S,
     HEAD_FROM_LINK,
@@ -58,10 +65,7 @@ from raydist.engine.wire import (
     send,
 )
 
-_PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
 _POLL_S = 0.2
-_GRACE_S = 1.5
 #: Per-node ports raydist picks so that nodes sharing a host never race for Ray's defaults.
 NODE_PORT_OPTIONS = (
     "node-manager-port",
@@ -71,154 +75,6 @@ NODE_PORT_OPTIONS = (
     "dashboard-agent-grpc-port",
     "runtime-env-agent-port",
 )
-
-
-def _become_subreaper() -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: children may escape on parent death
-        pass
-
-
-def _die_with_parent() -> None:
-    """In ``ray start``'s child: SIGTERM it when the supervisor dies. ``ray
-    start --block`` then stops its node as on a normal shutdown (the raylet
-    leaves the GCS at once, so the cluster sees the node gone), and Ray's own
-    processes fate-share with it. The sentinel kills what is left."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-def start_sentinel(temp_dir: str) -> int:
-    """Fork a watcher that outlives a SIGKILLed supervisor by a moment.
-
-    The supervisor normally ends its tree itself; nothing of it runs after a
-    SIGKILL, though, and a process Ray's own fate-sharing misses (one a task
-    started and left behind) would live on. The sentinel holds the read end
-    of a pipe only the supervisor can write to; when the supervisor exits
-    for any reason the read returns. If the supervisor's session still has
-    processes then, the supervisor did not clean up: the sentinel kills them
-    all and removes the node's temp dir. Call before any thread starts;
-    returns the pipe's write end, which must stay open.
-    """
-    read_end, write_end = os.pipe()  # not inherited by ray start (PEP 446)
-    if os.fork() != 0:
-        os.close(read_end)
-        return write_end
-    try:
-        os.close(write_end)
-        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # the supervisor's own teardown
-        for sig in (signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)
-        while os.read(read_end, 1):
-            pass
-        _end_session(os.getsid(0), grace_s=_GRACE_S * 2)
-        if temp_dir:
-            shutil.rmtree(temp_dir, ignore_errors=True)
-    finally:
-        os._exit(0)
-
-
-def _session(sid: int) -> list[psutil.Process]:
-    me = os.getpid()
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.pid != me and os.getsid(proc.pid) == sid and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
-def _end_session(sid: int, grace_s: float) -> None:
-    """Give ``ray start`` (SIGTERMed by its PDEATHSIG) ``grace_s`` to stop its
-    node, then SIGKILL every process left in the session."""
-    deadline = time.monotonic() + grace_s
-    while _session(sid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for _ in range(3):
-        found = _session(sid)
-        if not found:
-            return
-        for proc in found:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(found, timeout=2)
-
-
-#: The processes a Ray node is nothing without: one of them gone is the node gone,
-#: even while ``ray start`` still waits for it (it may, for a minute, at start-up).
-_CORE = ("gcs_server", "raylet")
-
-
-def _core_died(seen: dict[int, tuple[psutil.Process, str]]) -> str:
-    """Track this node's core Ray processes in ``seen``; the name of one that
-    was seen and has died since, else ""."""
-    for pid, (proc, name) in list(seen.items()):
-        try:
-            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                continue
-        except psutil.Error:
-            pass
-        del seen[pid]
-        return name
-    try:
-        for child in psutil.Process().children(recursive=True):
-            if child.pid not in seen and child.name() in _CORE:
-                seen[child.pid] = (child, child.name())
-    except psutil.Error:
-        pass
-    return ""
-
-
-def _alive(pid: int, create_time: float) -> bool:
-    try:
-        proc = psutil.Process(pid)
-        return abs(proc.create_time() - create_time) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def kill_descendants(grace_s: float = _GRACE_S) -> int:
-    """SIGTERM every descendant, SIGKILL what is left after ``grace_s``, reap
-    them all; repeat for anything that appeared meanwhile. Returns how many
-    processes were ended."""
-    me = psutil.Process()
-    ended = 0
-    for _ in range(5):
-        procs = me.children(recursive=True)
-        if not procs:
-            break
-        for p in procs:
-            try:
-                p.terminate()
-            except psutil.Error:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=grace_s)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(alive, timeout=5)
-        ended += len(procs)
-        grace_s = 0.5
-    # Reap any zombie children left behind (we are their subreaper).
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            break
-    return ended
 
 
 class Supervisor:
@@ -394,7 +250,7 @@ class Supervisor:
         env = {**os.environ, **self.cfg.get("env", {})}
         proc = subprocess.Popen([sys.executable, "-m", "raydist.engine.demand", gcs, str(self.cfg["demand_s"])],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                text=True, env=env, preexec_fn=_die_with_parent)
+                                text=True, env=env, preexec_fn=die_with_parent)
         assert proc.stdout is not None
         for line in proc.stdout:
             try:
@@ -451,7 +307,7 @@ class Supervisor:
                     text=True,
                     env=env,
                     cwd=self.cfg.get("cwd") or None,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=die_with_parent,
                 )
                 pump = threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True)
                 pump.start()
@@ -459,7 +315,7 @@ class Supervisor:
                 polls = 0
                 while not self.stop.wait(_POLL_S):
                     polls += 1
-                    if polls % 5 == 0 and (dead := _core_died(core)):
+                    if polls % 5 == 0 and (dead := core_died(core)):
                         self.request_stop(f"Ray's {dead} exited")
                         code = 1
                         break
@@ -469,7 +325,7 @@ class Supervisor:
                         self.request_stop(f"ray start exited with code {self.proc.returncode}")
                         break
                     for pid, created in watch:
-                        if not _alive(pid, created):
+                        if not watched_alive(pid, created):
                             self.request_stop(f"watched process {pid} died")
                             break
         except Exception as exc:  # report any failure to the driver, then clean up
@@ -493,7 +349,7 @@ class Supervisor:
 
 def main() -> int:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    _become_subreaper()
+    become_subreaper()
     cfg = json.loads(sys.stdin.read())
     sys.stdin.close()
     start_sentinel(str(cfg.get("temp_dir") or ""))
