@@ -90,3 +90,13 @@ def test_an_elastic_cluster_cannot_ask_for_more_than_spark_can_ever_run() -> Non
         check_fits(ClusterSpec(name="huge", min_workers=0, max_workers=4096), cap, 1)
     with pytest.raises(CapacityError, match="workers <= 4"):
         check_fits(ClusterSpec(name="big", workers=5), cap, 1)
+
+
+def test_free_ports_taken_one_after_another_never_repeat() -> None:
+    """Each call records its port in the caller's set, from the first (empty) one on:
+    the kernel may hand a just-closed port out again."""
+    from raydist.engine.ports import free_port
+
+    taken: set[int] = set()
+    ports = [free_port("127.0.0.1", taken) for _ in range(50)]
+    assert len(set(ports)) == 50 and taken == set(ports)

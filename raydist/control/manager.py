@@ -129,9 +129,10 @@ class ClusterManager:
         if not paths:
             raise SpecError("update_mask", [], f"name the fields to change: {', '.join(_UPDATABLE)}")
         changes: dict[str, Any] = {}
-        for path in paths:
+        for path in paths:  # the whole mask first, then the values it names
             if path not in _UPDATABLE:
                 raise SpecError("update_mask", path, f"the fields a running cluster takes are {', '.join(_UPDATABLE)}")
+        for path in paths:
             if path != "idle_timeout_s" and not spec_msg.HasField(path):
                 raise SpecError(path, None, f"update_mask names {path}: give it a value in spec")
             changes[path] = getattr(spec_msg, path)

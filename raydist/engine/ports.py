@@ -16,7 +16,7 @@ def free_port(host: str = "127.0.0.1", avoid: set[int] | None = None) -> int:
     processes get different ports; ``avoid`` keeps one caller from getting the
     same port twice before it binds them.
     """
-    avoid = avoid or set()
+    avoid = avoid if avoid is not None else set()  # the caller's set, even empty: it learns each port
     for _ in range(200):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
