@@ -26,19 +26,26 @@ TREE = (
 )
 
 
-def _start(
-    channel: NodeChannel, secret: str, watch: list[psutil.Process], temp_dir: str = ""
-) -> subprocess.Popen[bytes]:
+def _start(channel: NodeChannel, secret: str, watch: list[psutil.Process],
+           temp_dir: str = "") -> subprocess.Popen[bytes]:
+    return _start_at((channel.host, channel.port), secret, watch, temp_dir)
+
+
+def _start_at(address: tuple[str, int], secret: str, watch: list[psutil.Process], temp_dir: str = "",
+              **link: float) -> subprocess.Popen[bytes]:
+    """A real supervisor whose node is the stand-in tree, linked to ``address``;
+    ``link`` overrides the link's timers (``idle_s``, ``heartbeat_s``, ``grace_s``)."""
     cfg = {
         "temp_dir": temp_dir,
         "key": "w0",
-        "channel": [channel.host, channel.port],
+        "channel": list(address),
         "secret": secret,
         "argv": ["bash", "-c", TREE],
         "env": {},
         "watch": [[p.pid, p.create_time()] for p in watch],
         "wait_for": "",
         "deadline_s": 30,
+        **link,
     }
     # The stand-in takes none of the port flags a real `ray start` gets.
     proc = subprocess.Popen(
@@ -183,20 +190,6 @@ class Proxy:
             s.close()
 
 
-def _start_via(port: int, secret: str, temp_dir: str = "", **link: float) -> subprocess.Popen[bytes]:
-    cfg = {"temp_dir": temp_dir, "key": "w0", "channel": ["127.0.0.1", port], "secret": secret,
-           "argv": ["bash", "-c", TREE], "env": {}, "watch": [], "wait_for": "", "deadline_s": 30, **link}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from raydist.engine import supervisor as s; "
-         "s.NODE_PORT_OPTIONS = (); sys.exit(s.main())"],
-        stdin=subprocess.PIPE, start_new_session=True,
-    )
-    assert proc.stdin is not None
-    proc.stdin.write(json.dumps(cfg).encode())
-    proc.stdin.close()
-    return proc
-
-
 def _living(tree: list[psutil.Process]) -> list[psutil.Process]:
     return [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
@@ -215,7 +208,7 @@ def short_link() -> tuple[NodeChannel, Recorder, str, Proxy]:
 
 def test_a_blip_shorter_than_the_grace_window_keeps_the_node(short_link) -> None:
     ch, rec, secret, proxy = short_link
-    sup = _start_via(proxy.port, secret, idle_s=1.5, heartbeat_s=0.3, grace_s=8)
+    sup = _start_at(("127.0.0.1", proxy.port), secret, [], idle_s=1.5, heartbeat_s=0.3, grace_s=8)
     try:
         assert rec.wait("started")
         tree = _descendants(sup.pid)
@@ -237,7 +230,7 @@ def test_a_blip_shorter_than_the_grace_window_keeps_the_node(short_link) -> None
 
 def test_a_link_broken_past_the_grace_window_stops_the_node(short_link) -> None:
     ch, rec, secret, proxy = short_link
-    sup = _start_via(proxy.port, secret, idle_s=1.5, heartbeat_s=0.3, grace_s=3)
+    sup = _start_at(("127.0.0.1", proxy.port), secret, [], idle_s=1.5, heartbeat_s=0.3, grace_s=3)
     try:
         assert rec.wait("started")
         tree = _descendants(sup.pid)

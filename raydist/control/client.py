@@ -110,10 +110,13 @@ class Client:
                     time.sleep(delay)
                     delay = min(2.0, delay * 2)
                     continue
-                if code == grpc.StatusCode.UNAVAILABLE:
-                    raise ControlPlaneUnavailableError(
-                        f"the control plane at {self.address} is unavailable: {exc.details()}") from None
-                raise RPCError(code.name, exc.details() or "") from None
+                raise self._error(exc) from None
+
+    def _error(self, exc: grpc.RpcError) -> Exception:
+        """The raydist exception for a failed call (after any retries)."""
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            return ControlPlaneUnavailableError(f"the control plane at {self.address} is unavailable: {exc.details()}")
+        return RPCError(exc.code().name, exc.details() or "")
 
     # the API -------------------------------------------------------------------
 
@@ -196,10 +199,7 @@ class Client:
                     time.sleep(delay)
                     delay = min(2.0, delay * 2)
                     continue
-                if code == grpc.StatusCode.UNAVAILABLE:
-                    raise ControlPlaneUnavailableError(
-                        f"the control plane at {self.address} is unavailable: {exc.details()}") from None
-                raise RPCError(code.name, exc.details() or "") from None
+                raise self._error(exc) from None
 
     def wait(self, name: str, *, timeout: float = 600.0) -> Any:
         """Block until the cluster is RUNNING, DEGRADED or terminal; returns it.

@@ -11,8 +11,8 @@ frees them when the Dataset is gone. The way back works the same in reverse.
 Nothing here writes a file: the bytes go from the Spark task's Arrow batches
 through a socket into the object store.
 
-The functions at the bottom run inside Spark tasks; they import neither Ray
-nor raydist's engine (only pyarrow and the standard library).
+The functions at the bottom run inside Spark tasks; they import no Ray (only
+pyarrow, and the engine's light ``launch`` module, as a worker node's task does).
 """
 
 from __future__ import annotations
@@ -114,18 +114,11 @@ class BlockAgent:
 # ---------------------------------------------------------------- in Spark tasks
 
 
-def _this_host(towards: str) -> str:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((towards, 9))
-            return str(s.getsockname()[0])
-        except OSError:
-            return "127.0.0.1"
-
-
 def _agent_for(agents: Mapping[str, tuple[str, int]], driver_host: str) -> tuple[str, int]:
     """This host's agent when one runs here, else any (the bytes then cross the network)."""
-    mine = _this_host(driver_host)
+    from raydist.engine.launch import route_ip  # the address Ray nodes on this host took
+
+    mine = route_ip(driver_host)
     if mine in agents:
         return agents[mine]
     return sorted(agents.values())[hash(mine) % len(agents)]

@@ -67,9 +67,7 @@ class Head:
             proc = self.proc = start_head(plan, psutil.Process())
 
             def watch() -> None:
-                code = proc.wait()
-                self.job_end = f"its supervisor exited with code {code}"
-                on_job_end(self.job_end)
+                on_job_end(f"its supervisor exited with code {proc.wait()}")
 
             self.thread = threading.Thread(target=watch, daemon=True, name=f"raydist-{cluster}-head")
             self.thread.start()

@@ -98,11 +98,7 @@ def _end_session(sid: int, grace_s: float) -> None:
         found = _session(sid)
         if not found:
             return
-        for proc in found:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
+        _signal_each(found, kill=True)
         psutil.wait_procs(found, timeout=2)
 
 
@@ -139,6 +135,15 @@ def watched_alive(pid: int, create_time: float) -> bool:
         return False
 
 
+def _signal_each(procs: list[psutil.Process], *, kill: bool) -> None:
+    """SIGKILL (or SIGTERM) each of ``procs``; one already gone is no error."""
+    for proc in procs:
+        try:
+            proc.kill() if kill else proc.terminate()
+        except psutil.Error:
+            pass
+
+
 def kill_descendants(grace_s: float = _GRACE_S) -> int:
     """SIGTERM every descendant, SIGKILL what is left after ``grace_s``, reap
     them all; repeat for anything that appeared meanwhile. Returns how many
@@ -149,17 +154,9 @@ def kill_descendants(grace_s: float = _GRACE_S) -> int:
         procs = me.children(recursive=True)
         if not procs:
             break
-        for p in procs:
-            try:
-                p.terminate()
-            except psutil.Error:
-                pass
+        _signal_each(procs, kill=False)
         _, alive = psutil.wait_procs(procs, timeout=grace_s)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        _signal_each(alive, kill=True)
         psutil.wait_procs(alive, timeout=5)
         ended += len(procs)
         grace_s = 0.5
