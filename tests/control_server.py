@@ -47,6 +47,22 @@ class Server:
             raise
         return self
 
+    def wait_serving(self, timeout: float = 180) -> Server:
+        """Wait until ClusterService reports SERVING (the server's Spark runs),
+        as a deployment's readiness probe does. The server retries a Spark
+        that fails to start; the log tail says why when it never does."""
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        deadline = time.monotonic() + timeout
+        request = health_pb2.HealthCheckRequest(service="raydist.v1.ClusterService")
+        with grpc.insecure_channel(self.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while stub.Check(request, timeout=5).status != health_pb2.HealthCheckResponse.SERVING:
+                assert time.monotonic() < deadline, (self.home / "test-server.log").read_text()[-3000:]
+                time.sleep(0.2)
+        return self
+
     @property
     def token(self) -> str:
         return (self.home / "control_token").read_text().strip()

@@ -81,6 +81,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     before = {p.pid for p in ray_processes()}
     srv = Server(tmp_path_factory.mktemp("fuzz-home"), free_port()).start()
     try:
+        srv.wait_serving()  # raw stubs below do not retry a Spark still starting
         yield srv
     finally:
         assert srv.stop() == 0
