@@ -350,6 +350,8 @@ class RayCluster:
         self._cpus = cpus
         for slot in self._pool.active():
             self._jobs.start(slot)
+        if elastic(spec) and len(self._pool.active()) < spec.desired_workers:
+            self._jobs.warm(cap.executors)  # nodes added later skip Spark's Python worker start
 
     def _set_addresses(self, head_ip: str, ports: Mapping[str, int]) -> None:
         self.address = f"{head_ip}:{ports['gcs']}"

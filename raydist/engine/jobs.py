@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from raydist.engine.launch import NodePlan, run_worker_node
+from raydist.engine.launch import NodePlan, run_worker_node, warm_executor
 from raydist.engine.slot import WorkerSlot, keep_filled
 
 __all__ = ["WorkerJobs"]
@@ -52,6 +52,26 @@ class WorkerJobs:
                     "record": self._record},
         )
         slot.thread.start()
+
+    def warm(self, executors: int) -> None:
+        """In the background, run one short task per executor (as Spark
+        spreads them) with the workers' task resources, so that the nodes an
+        elastic cluster adds later find each executor's Python worker daemon
+        running. In the cluster's job group: teardown cancels it."""
+
+        def run() -> None:
+            sc = self._spark.sparkContext
+            sc.setJobGroup(self._group, f"raydist cluster {self._cluster}: warm the executors for new nodes", True)
+            rdd = sc.parallelize(range(executors), executors)
+            if self.profile is not None:
+                rdd = rdd.withResources(self.profile)
+            try:
+                hosts = rdd.mapPartitions(warm_executor).collect()
+                log.debug("cluster %s: warmed executors on %s", self._cluster, sorted(set(hosts)))
+            except Exception as exc:  # noqa: BLE001 - an optimisation: a node starts without it too
+                log.debug("cluster %s: warm-up job ended: %s", self._cluster, exc)
+
+        threading.Thread(target=run, daemon=True, name=f"raydist-{self._cluster}-warm").start()
 
     def cancel(self, slot: WorkerSlot) -> None:
         """Cancel ``slot``'s jobs (running or still waiting for a task slot)."""
