@@ -254,6 +254,26 @@ def _table(clusters: list[Any]) -> None:
     out.print(table)
 
 
+def _nodes_table(cluster: Any) -> None:
+    """One cluster's nodes: where each runs, whether it is up, and why it last went down."""
+    from raydist._proto import pb
+
+    if not cluster.nodes:
+        return
+    table = Table(box=None, header_style="bold", title="nodes", title_justify="left", title_style="bold")
+    for col in ("#", "NODE", "STATE", "HOST", "ADDRESS", "CPUS", "GPUS", "RESTARTS"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("RAY NODE ID", no_wrap=True, min_width=12)  # 12 hex digits, as `ray list nodes` prints
+    table.add_column("LAST ERROR", overflow="fold", ratio=1)
+    for index, node in enumerate(cluster.nodes):
+        state = pb.NodeState.Name(node.state).removeprefix("NODE_STATE_")
+        style = "green" if node.state == pb.NODE_STATE_UP else "yellow"
+        table.add_row(str(index), node.key, f"[{style}]{state}[/]", node.host or "-", node.node_ip or "-",
+                      str(node.cpus), f"{node.gpus:g}" if node.gpus else "-", str(node.restarts),
+                      node.ray_node_id[:12] or "-", node.message or "-")
+    out.print(table)
+
+
 # --- commands ----------------------------------------------------------------
 
 
@@ -364,6 +384,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         out.print_json(json.dumps(payload))
     else:
         _table(clusters)
+        if getattr(args, "name", None):
+            _nodes_table(clusters[0])
     return 0
 
 

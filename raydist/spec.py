@@ -392,11 +392,12 @@ class NodeStatus:
     host: str = ""
     node_ip: str = ""
     cpus: int = 0
-    gpus: int = 0
+    gpus: float = 0.0
     gpu_ids: tuple[str, ...] = ()
     restarts: int = 0
     message: str = ""
     idle_s: float = 0.0
+    ray_node_id: str = ""
 
 
 @dataclass(frozen=True)

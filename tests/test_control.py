@@ -46,16 +46,26 @@ def test_cli_up_status_client_down(server: Server) -> None:
         assert info["state"] == "RUNNING" and info["ready_workers"] == 2
         table = server.cli("status").stdout
         assert "NAME" in table and "demo" in table and "RUNNING" in table
+        # Each node: the head first, then the workers, all up, with where they run and Ray's id.
+        nodes = info["nodes"]
+        assert [n["key"] for n in nodes] == ["head", "w0", "w1"]
+        assert all(n["state"] == "NODE_STATE_UP" and n["host"] and n["node_ip"] for n in nodes), nodes
+        assert [n.get("cpus", 0) for n in nodes[1:]] == [1, 1]
+        one = server.cli("status", "demo").stdout
+        assert "RESTARTS" in one and one.count(" UP ") >= 3 and nodes[1]["ray_node_id"][:12] in one
 
         # A Ray Client user, as `raydist up` tells them: eval "$(raydist env demo)", then plain ray.init().
         exports = server.cli("env", "demo")
         assert exports.returncode == 0, exports.stderr
         token = next(line.split("=", 1)[1] for line in exports.stdout.splitlines() if "RAY_AUTH_TOKEN=" in line)
         assert f"RAY_ADDRESS={info['client_address']}" in exports.stdout
-        code = "import ray; ray.init(); print(ray.get(ray.remote(lambda: 'hi').remote()))"
+        code = ("import ray; ray.init(); print(ray.get(ray.remote(lambda: 'hi').remote())); "
+                "print(sorted(n['NodeID'] for n in ray.nodes() if n['Alive']))")
         env = {k: v for k, v in server.env.items()}
         ran = run_client_py(f'eval "$(raydist env demo)" && exec {sys.executable} -c "{code}"', env, shell=True)
-        assert ran.returncode == 0 and ran.stdout.strip().endswith("hi"), ran.stderr[-2000:]
+        assert ran.returncode == 0 and "hi" in ran.stdout, ran.stderr[-2000:]
+        # The node ids status shows are Ray's own.
+        assert ran.stdout.strip().splitlines()[-1] == str(sorted(n["ray_node_id"] for n in nodes))
         logs = server.cli("logs", "demo").stdout
         assert "credentials given to" in logs  # each hand-out is on record
         for text in (up.stdout, up.stderr, status.stdout, table, logs, (server.home / "test-server.log").read_text()):
@@ -133,6 +143,15 @@ def test_scale_an_elastic_cluster_from_the_cli(server: Server) -> None:
             cluster = server.client().get("elastic")
         assert cluster.ready_workers == 1 and cluster.desired_workers == 1
         assert "scaling from 0 to 1" in server.cli("logs", "elastic").stdout
+        # The engine's node history is in the metrics: one start, how long it took, no loss.
+        import urllib.request
+
+        port = json.loads((server.home / "server.json").read_text())["metrics_port"]
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert 'raydist_node_starts_total{cluster="elastic"} 1.0' in text
+        assert 'raydist_node_losses_total{cluster="elastic"} 0.0' in text
+        assert 'raydist_node_start_seconds_count{cluster="elastic"} 1.0' in text
+        assert 'raydist_node_start_seconds_bucket{cluster="elastic",le="300.0"} 1.0' in text
         bad = server.cli("scale", "elastic", "50")
         assert bad.returncode == 1 and "Spark cannot fit" in bad.stderr
         with pytest.raises(RPCError) as err:

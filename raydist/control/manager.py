@@ -19,6 +19,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from raydist.control.store import ClusterRow, Store
 from raydist.engine.auth import RayToken
 from raydist.engine.cluster import RayCluster
+from raydist.engine.slot import NodeCounters
 from raydist.errors import (
     ClusterExistsError,
     ClusterNotFoundError,
@@ -26,7 +27,7 @@ from raydist.errors import (
     ControlPlaneUnavailableError,
     SpecError,
 )
-from raydist.spec import ClusterSpec, State, check_name, spec_from_proto, spec_to_proto
+from raydist.spec import ClusterSpec, NodeStatus, State, check_name, spec_from_proto, spec_to_proto
 
 __all__ = ["ClusterManager"]
 
@@ -40,6 +41,12 @@ def _ts(t: float) -> Timestamp:
     ts = Timestamp()
     ts.FromNanoseconds(int(t * 1e9))
     return ts
+
+
+def _node_proto(pb: Any, node: NodeStatus) -> Any:
+    return pb.Node(key=node.key, state=pb.NODE_STATE_UP if node.up else pb.NODE_STATE_STARTING, host=node.host,
+                   node_ip=node.node_ip, ray_node_id=node.ray_node_id, restarts=node.restarts, cpus=node.cpus,
+                   gpus=node.gpus, message=node.message, idle_seconds=node.idle_s)
 
 
 class ClusterManager:
@@ -58,6 +65,7 @@ class ClusterManager:
         self._engines: dict[str, RayCluster] = {}
         self._cache: dict[str, Any] = {}
         self._idle: dict[str, int] = {}  # idle worker nodes per cluster (observed, not stored)
+        self._nodes: dict[str, tuple[NodeStatus, ...]] = {}  # per cluster (observed, not stored)
         self._spark_lock = threading.Lock()
         self._spark_error = ""
         self._head_ports = dict(head_ports or {})
@@ -196,6 +204,12 @@ class ClusterManager:
                 out[name] = out.get(name, 0) + 1
         return out
 
+    def node_counters(self) -> dict[str, NodeCounters]:
+        """Each running cluster's worker-node history (for the metrics)."""
+        with self._lock:
+            engines = dict(self._engines)
+        return {name: engine.node_counters() for name, engine in engines.items()}
+
     # writes ----------------------------------------------------------------
 
     def create(self, spec_msg: Any, request_id: str, *, validate_only: bool = False) -> Any:
@@ -279,6 +293,7 @@ class ClusterManager:
             row.ready_workers = st.ready_workers
             row.desired_workers = st.desired_workers
             self._idle[name] = st.idle_workers
+            self._nodes[name] = st.nodes
             row.address, row.client_address, row.dashboard_url = st.address, st.client_address, st.dashboard_url
             self._store.put(row)
             self._refresh(row)
@@ -412,6 +427,7 @@ class ClusterManager:
 
     def _refresh(self, row: ClusterRow) -> None:
         pb = self._pb
+        live = row.state in (State.CREATING.value, State.RUNNING.value, State.DEGRADED.value)
         spec = ClusterSpec.from_dict(row.spec)
         spec_msg = spec_to_proto(spec)
         spec_msg.restart_on_server_restart = row.restart
@@ -427,7 +443,8 @@ class ClusterManager:
             update_time=_ts(row.updated or time.time()),
             message=row.message,
             gpus=spec.total_gpus,
-            idle_workers=self._idle.get(row.name, 0) if row.state in (State.RUNNING.value, State.DEGRADED.value) else 0,
+            idle_workers=self._idle.get(row.name, 0) if live else 0,
+            nodes=[_node_proto(pb, n) for n in self._nodes.get(row.name, ())] if live else [],
         )
         with self._lock:
             self._cache[row.name] = msg

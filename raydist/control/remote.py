@@ -11,7 +11,7 @@ from typing import Any
 from raydist.control.client import Client
 from raydist.engine.auth import ProcessEnv, RayToken
 from raydist.errors import ClusterFailedError
-from raydist.spec import ClusterSpec, ClusterStatus, State
+from raydist.spec import ClusterSpec, ClusterStatus, NodeStatus, State
 
 __all__ = ["RemoteCluster"]
 
@@ -49,6 +49,10 @@ class RemoteCluster:
             desired_workers=cluster.desired_workers, message=cluster.message, address=cluster.address,
             client_address=cluster.client_address, dashboard_url=cluster.dashboard_url,
             created_at=cluster.create_time.ToNanoseconds() / 1e9, updated_at=cluster.update_time.ToNanoseconds() / 1e9,
+            idle_workers=cluster.idle_workers,
+            nodes=tuple(NodeStatus(key=n.key, up=n.state == 2, host=n.host, node_ip=n.node_ip, cpus=n.cpus,  # UP
+                                   gpus=n.gpus, restarts=n.restarts, message=n.message, idle_s=n.idle_seconds,
+                                   ray_node_id=n.ray_node_id) for n in cluster.nodes),
         )
 
     def resize(self, workers: int | None = None, *, min_workers: int | None = None,

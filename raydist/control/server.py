@@ -19,7 +19,7 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from raydist.control.config import ServerConfig
 from raydist.control.manager import ClusterManager, _ts
 from raydist.control.status import code_for
 from raydist.control.store import Store
+from raydist.engine.slot import NodeCounters
 from raydist.errors import RaydistError
 from raydist.paths import hold_home, home, private_file, read_private
 
@@ -111,13 +112,51 @@ _KNOWN_METHODS = frozenset(
      "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"}
 
 
-class _Metrics:
-    """Prometheus metrics: clusters by state, RPC counts and latency."""
+#: Buckets of the node start-time histogram (seconds).
+_START_BUCKETS = (1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
-    def __init__(self, manager_states: Callable[[], dict[str, int]]) -> None:
+
+class _NodeCollector:
+    """Each running cluster's worker-node history, read at scrape time from
+    the engines that own it: starts, losses, restarts, start seconds."""
+
+    def __init__(self, counters: Callable[[], dict[str, NodeCounters]]) -> None:
+        self._counters = counters
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+        by_cluster = self._counters()
+        families = {
+            "starts": CounterMetricFamily("raydist_node_starts", "Worker nodes that came up", labels=["cluster"]),
+            "losses": CounterMetricFamily("raydist_node_losses",
+                                          "Worker nodes lost while their cluster wanted them", labels=["cluster"]),
+            "restarts": CounterMetricFamily("raydist_node_restarts",
+                                            "Worker nodes' Spark tasks run again", labels=["cluster"]),
+        }
+        seconds = HistogramMetricFamily("raydist_node_start_seconds",
+                                        "From a node's Spark task start to its Ray node up", labels=["cluster"])
+        for name, c in sorted(by_cluster.items()):
+            families["starts"].add_metric([name], c.starts)
+            families["losses"].add_metric([name], c.losses)
+            families["restarts"].add_metric([name], c.restarts)
+            samples = list(c.start_seconds)
+            buckets = [(str(le), sum(1 for x in samples if x <= le)) for le in _START_BUCKETS]
+            buckets.append(("+Inf", len(samples)))
+            seconds.add_metric([name], buckets, sum_value=sum(samples))
+        yield from families.values()
+        yield seconds
+
+
+class _Metrics:
+    """Prometheus metrics: clusters by state, RPC counts and latency, nodes."""
+
+    def __init__(self, manager_states: Callable[[], dict[str, int]],
+                 node_counters: Callable[[], dict[str, NodeCounters]]) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
+        self.registry.register(_NodeCollector(node_counters))  # type: ignore[arg-type]
         self._count = Counter("raydist_rpc_total", "RPCs by method and status code", ["method", "code"],
                               registry=self.registry)
         self._latency = Histogram("raydist_rpc_seconds", "RPC latency", ["method"], registry=self.registry,
@@ -282,7 +321,7 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
     store = Store(state_dir / "state.db")
     manager = ClusterManager(store, lambda: embedded_session(config.spark_master, config.spark_conf), notify,
                              head_ports=config.head_ports, head_in_task=config.heads_in_tasks())
-    metrics = _Metrics(manager.states)
+    metrics = _Metrics(manager.states, manager.node_counters)
     auth = _AuthInterceptor(load_or_create_server_token(), metrics)  # before Spark starts (see there)
 
     # Spark starts in the background (it takes seconds): reads, deletes and

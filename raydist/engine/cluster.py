@@ -34,7 +34,7 @@ from raydist.engine.outbox import Outbox
 from raydist.engine.ports import preferred_or_free_port
 from raydist.engine.procs import wait_processes_gone
 from raydist.engine.scaler import Scaler, elastic
-from raydist.engine.slot import WorkerPool, WorkerSlot
+from raydist.engine.slot import NodeCounters, WorkerPool, WorkerSlot
 from raydist.errors import ClusterFailedError, NodeStartTimeoutError
 from raydist.spec import ClusterSpec, ClusterStatus, State
 
@@ -233,6 +233,12 @@ class RayCluster:
                 created_at=self._created,
                 updated_at=self._updated,
             )
+
+    def node_counters(self) -> NodeCounters:
+        """A copy of the worker nodes' history (starts, losses, restarts, start seconds), for metrics."""
+        with self._lock:
+            c = self._pool.counters
+            return NodeCounters(c.starts, c.losses, c.restarts, deque(c.start_seconds))
 
     def events(self) -> list[tuple[float, str]]:
         """What happened to the cluster, oldest first (time, message)."""

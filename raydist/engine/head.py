@@ -52,7 +52,8 @@ class Head:
     def status(self, cpus: int, gpus: float) -> NodeStatus:
         link = self.link
         return NodeStatus(key=HEAD_KEY, up=self.up, host=link.host if link else "",
-                          node_ip=link.node_ip if link else "", cpus=cpus, gpus=gpus)
+                          node_ip=link.node_ip if link else "", cpus=cpus, gpus=gpus,
+                          ray_node_id=str(link.info.get("node_id", "")) if link else "")
 
     def tail(self) -> list[str]:
         """The last lines of the head's ``ray start`` output."""

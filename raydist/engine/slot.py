@@ -11,18 +11,36 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from raydist.engine.channel import NodeLink
 from raydist.spec import NodeStatus
 
-__all__ = ["WorkerPool", "WorkerSlot", "first_error_line", "keep_filled"]
+__all__ = ["NodeCounters", "WorkerPool", "WorkerSlot", "first_error_line", "keep_filled"]
 
 #: A job that ran at least this long was healthy: its end resets the backoff.
 HEALTHY_RUN_S = 60.0
 #: Backoff after the n-th quick failure in a row: 0.5 s * 2**n, at most this.
 MAX_BACKOFF_S = 30.0
+
+
+@dataclass
+class NodeCounters:
+    """A cluster's worker-node history, for its metrics: nodes that came up,
+    nodes lost while the cluster wanted them, task reruns, and how long each
+    start took (from its supervisor's hello to Ray's "started"; the last
+    ``START_SAMPLES`` kept)."""
+
+    starts: int = 0
+    losses: int = 0
+    restarts: int = 0
+    start_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=START_SAMPLES))
+
+
+#: Start durations a cluster keeps for its histogram.
+START_SAMPLES = 10_000
 
 
 @dataclass
@@ -42,6 +60,8 @@ class WorkerSlot:
     retired: threading.Event = field(default_factory=threading.Event)
 
     idle_ms: int = 0  # how long Ray has counted the node idle (elastic clusters' head reports it)
+    counters: NodeCounters = field(default_factory=NodeCounters)  # the pool's, shared by its slots
+    hello_at: float = 0.0  # when the current supervisor said hello (monotonic)
 
     @property
     def tag(self) -> str:
@@ -56,6 +76,7 @@ class WorkerSlot:
             key=self.key, up=self.up, host=link.host if link else "", node_ip=link.node_ip if link else "",
             cpus=int(info.get("cpus", 0)), gpus=int(info.get("gpus", 0)), gpu_ids=tuple(info.get("gpu_ids", ())),
             restarts=self.restarts, message=self.last_reason, idle_s=self.idle_ms / 1000,
+            ray_node_id=str(info.get("node_id", "")),
         )
 
     def on_link(self, event: str, link: NodeLink, *, stopping: bool) -> tuple[str, str] | None:
@@ -71,19 +92,24 @@ class WorkerSlot:
                 # Counted here, whether Spark retried the task inside its job
                 # or raydist resubmitted the job.
                 self.restarts += 1
-            self.link, self.up = link, False
+                self.counters.restarts += 1
+            self.link, self.up, self.hello_at = link, False, time.monotonic()
             if replaced and not stopping:
                 self.last_reason = "Spark ran its task again (the previous executor was lost)"
+                self.counters.losses += 1
                 return f"worker {self.key} starting on {link.host}", f"worker {self.key} lost: {self.last_reason}"
             return f"worker {self.key} starting on {link.host}", ""
         if event == "started" and link is self.link:
             self.up, self.up_since = True, time.monotonic()
+            self.counters.starts += 1
+            self.counters.start_seconds.append(self.up_since - self.hello_at)
             return f"worker {self.key} up on {link.host} ({link.node_ip})", ""
         if event in ("stopped", "closed") and link is self.link and self.up:
             self.up = False
             if stopping:
                 return None
             self.last_reason = "its Ray node stopped" + (f" (exit code {link.exit_code})" if link.exit_code else "")
+            self.counters.losses += 1
             return "", f"worker {self.key} lost: {self.last_reason}"
         return None
 
@@ -101,11 +127,12 @@ class WorkerPool:
     def __init__(self, initial: int) -> None:
         self._all: list[WorkerSlot] = []
         self._next = 0
+        self.counters = NodeCounters()
         self.add(initial)
 
     def add(self, count: int) -> list[WorkerSlot]:
         """``count`` new active slots (their threads are the caller's to start)."""
-        new = [WorkerSlot(self._next + i, f"w{self._next + i}") for i in range(count)]
+        new = [WorkerSlot(self._next + i, f"w{self._next + i}", counters=self.counters) for i in range(count)]
         self._next += count
         self._all += new
         return new

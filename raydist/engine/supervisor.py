@@ -25,8 +25,10 @@ stdin, so no secret ever appears on a command line.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -75,6 +77,21 @@ NODE_PORT_OPTIONS = (
     "dashboard-agent-grpc-port",
     "runtime-env-agent-port",
 )
+
+
+_NODE_ID_FILE = re.compile(r"_port_([0-9a-f]{56})$")
+
+
+def ray_node_id(temp_dir: str) -> str:
+    """The Ray node id of the node running under ``temp_dir``, or "". Ray
+    names the port files of its session after the node
+    (``<temp>/session_latest/*_port_<node id>``)."""
+    if not temp_dir:
+        return ""
+    for path in glob.glob(os.path.join(temp_dir, "session_latest", "*_port_*")):
+        if match := _NODE_ID_FILE.search(path):
+            return match.group(1)
+    return ""
 
 
 class Supervisor:
@@ -238,7 +255,8 @@ class Supervisor:
             self._write_log(line)
             self.log(line)
             if "Ray runtime started" in line:
-                self.emit({"type": "started", "node_ip": self.cfg.get("node_ip", ""), "info": self.cfg.get("info", {})})
+                info = {**self.cfg.get("info", {}), "node_id": ray_node_id(str(self.cfg.get("temp_dir") or ""))}
+                self.emit({"type": "started", "node_ip": self.cfg.get("node_ip", ""), "info": info})
                 if float(self.cfg.get("demand_s") or 0) > 0:
                     threading.Thread(target=self._report_demand, daemon=True).start()
 

@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from google.protobuf import field_mask_pb2 as google_dot_protobuf_dot_field__mask__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19raydist/v1/clusters.proto\x12\nraydist.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a google/protobuf/field_mask.proto\"\xc5\x06\n\x0b\x43lusterSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x07workers\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0bmin_workers\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x18\n\x0bmax_workers\x18\x04 \x01(\x05H\x02\x88\x01\x01\x12\x1c\n\x0f\x63pus_per_worker\x18\x05 \x01(\x05H\x03\x88\x01\x01\x12\x17\n\x0fgpus_per_worker\x18\x06 \x01(\x01\x12\x19\n\x11memory_per_worker\x18\x07 \x01(\x03\x12\x1f\n\x17object_store_per_worker\x18\x08 \x01(\x03\x12\x11\n\thead_cpus\x18\t \x01(\x05\x12\x11\n\thead_gpus\x18\n \x01(\x05\x12\x13\n\x0bhead_memory\x18\x0b \x01(\x03\x12\x19\n\x11head_object_store\x18\x0c \x01(\x03\x12:\n\nspark_conf\x18\r \x03(\x0b\x32&.raydist.v1.ClusterSpec.SparkConfEntry\x12G\n\x11ray_start_options\x18\x0e \x03(\x0b\x32,.raydist.v1.ClusterSpec.RayStartOptionsEntry\x12-\n\x03\x65nv\x18\x0f \x03(\x0b\x32 .raydist.v1.ClusterSpec.EnvEntry\x12\x17\n\x0fstart_timeout_s\x18\x10 \x01(\x01\x12\x16\n\tself_heal\x18\x11 \x01(\x08H\x04\x88\x01\x01\x12!\n\x19restart_on_server_restart\x18\x12 \x01(\x08\x12\x11\n\tdashboard\x18\x13 \x01(\x08\x12\x16\n\x0eidle_timeout_s\x18\x14 \x01(\x01\x1a\x30\n\x0eSparkConfEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x36\n\x14RayStartOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\n\n\x08_workersB\x0e\n\x0c_min_workersB\x0e\n\x0c_max_workersB\x12\n\x10_cpus_per_workerB\x0c\n\n_self_heal\"\xd9\x02\n\x07\x43luster\x12%\n\x04spec\x18\x01 \x01(\x0b\x32\x17.raydist.v1.ClusterSpec\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.raydist.v1.State\x12\x15\n\rready_workers\x18\x03 \x01(\x05\x12\x17\n\x0f\x64\x65sired_workers\x18\x04 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\x12\x16\n\x0e\x63lient_address\x18\x06 \x01(\t\x12\x15\n\rdashboard_url\x18\x07 \x01(\t\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07message\x18\n \x01(\t\x12\x0c\n\x04gpus\x18\x0b \x01(\x01\x12\x14\n\x0cidle_workers\x18\x0c \x01(\x05\"\x9f\x01\n\x0c\x43lusterEvent\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.raydist.v1.State\x12\x0f\n\x07message\x18\x03 \x01(\t\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12$\n\x07\x63luster\x18\x05 \x01(\x0b\x32\x13.raydist.v1.Cluster\"h\n\x14\x43reateClusterRequest\x12%\n\x04spec\x18\x01 \x01(\x0b\x32\x17.raydist.v1.ClusterSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x15\n\rvalidate_only\x18\x03 \x01(\x08\"!\n\x11GetClusterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"<\n\x13ListClustersRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"V\n\x14ListClustersResponse\x12%\n\x08\x63lusters\x18\x01 \x03(\x0b\x32\x13.raydist.v1.Cluster\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\";\n\x14\x44\x65leteClusterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rallow_missing\x18\x02 \x01(\x08\"4\n\x13WatchClusterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07history\x18\x02 \x01(\x08\"n\n\x14UpdateClusterRequest\x12%\n\x04spec\x18\x01 \x01(\x0b\x32\x17.raydist.v1.ClusterSpec\x12/\n\x0bupdate_mask\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\",\n\x1cGetClusterCredentialsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"u\n\x12\x43lusterCredentials\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0e\x63lient_address\x18\x03 \x01(\t\x12\x15\n\rdashboard_url\x18\x04 \x01(\t\x12\x11\n\tray_token\x18\x05 \x01(\t\"\x16\n\x14GetServerInfoRequest\"[\n\nServerInfo\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x14\n\x0cspark_master\x18\x02 \x01(\t\x12\x14\n\x0cspark_ui_url\x18\x03 \x01(\t\x12\x10\n\x08\x63lusters\x18\x04 \x01(\x05*n\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x43REATING\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\x0c\n\x08\x44\x45GRADED\x10\x03\x12\x0c\n\x08\x44\x45LETING\x10\x04\x12\x0b\n\x07\x44\x45LETED\x10\x05\x12\n\n\x06\x46\x41ILED\x10\x06\x32\xf8\x04\n\x0e\x43lusterService\x12\x46\n\rCreateCluster\x12 .raydist.v1.CreateClusterRequest\x1a\x13.raydist.v1.Cluster\x12@\n\nGetCluster\x12\x1d.raydist.v1.GetClusterRequest\x1a\x13.raydist.v1.Cluster\x12Q\n\x0cListClusters\x12\x1f.raydist.v1.ListClustersRequest\x1a .raydist.v1.ListClustersResponse\x12\x46\n\rDeleteCluster\x12 .raydist.v1.DeleteClusterRequest\x1a\x13.raydist.v1.Cluster\x12\x46\n\rUpdateCluster\x12 .raydist.v1.UpdateClusterRequest\x1a\x13.raydist.v1.Cluster\x12K\n\x0cWatchCluster\x12\x1f.raydist.v1.WatchClusterRequest\x1a\x18.raydist.v1.ClusterEvent0\x01\x12I\n\rGetServerInfo\x12 .raydist.v1.GetServerInfoRequest\x1a\x16.raydist.v1.ServerInfo\x12\x61\n\x15GetClusterCredentials\x12(.raydist.v1.GetClusterCredentialsRequest\x1a\x1e.raydist.v1.ClusterCredentialsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19raydist/v1/clusters.proto\x12\nraydist.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a google/protobuf/field_mask.proto\"\xc5\x06\n\x0b\x43lusterSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x07workers\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0bmin_workers\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x18\n\x0bmax_workers\x18\x04 \x01(\x05H\x02\x88\x01\x01\x12\x1c\n\x0f\x63pus_per_worker\x18\x05 \x01(\x05H\x03\x88\x01\x01\x12\x17\n\x0fgpus_per_worker\x18\x06 \x01(\x01\x12\x19\n\x11memory_per_worker\x18\x07 \x01(\x03\x12\x1f\n\x17object_store_per_worker\x18\x08 \x01(\x03\x12\x11\n\thead_cpus\x18\t \x01(\x05\x12\x11\n\thead_gpus\x18\n \x01(\x05\x12\x13\n\x0bhead_memory\x18\x0b \x01(\x03\x12\x19\n\x11head_object_store\x18\x0c \x01(\x03\x12:\n\nspark_conf\x18\r \x03(\x0b\x32&.raydist.v1.ClusterSpec.SparkConfEntry\x12G\n\x11ray_start_options\x18\x0e \x03(\x0b\x32,.raydist.v1.ClusterSpec.RayStartOptionsEntry\x12-\n\x03\x65nv\x18\x0f \x03(\x0b\x32 .raydist.v1.ClusterSpec.EnvEntry\x12\x17\n\x0fstart_timeout_s\x18\x10 \x01(\x01\x12\x16\n\tself_heal\x18\x11 \x01(\x08H\x04\x88\x01\x01\x12!\n\x19restart_on_server_restart\x18\x12 \x01(\x08\x12\x11\n\tdashboard\x18\x13 \x01(\x08\x12\x16\n\x0eidle_timeout_s\x18\x14 \x01(\x01\x1a\x30\n\x0eSparkConfEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x36\n\x14RayStartOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\n\n\x08_workersB\x0e\n\x0c_min_workersB\x0e\n\x0c_max_workersB\x12\n\x10_cpus_per_workerB\x0c\n\n_self_heal\"\xfa\x02\n\x07\x43luster\x12%\n\x04spec\x18\x01 \x01(\x0b\x32\x17.raydist.v1.ClusterSpec\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.raydist.v1.State\x12\x15\n\rready_workers\x18\x03 \x01(\x05\x12\x17\n\x0f\x64\x65sired_workers\x18\x04 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\x12\x16\n\x0e\x63lient_address\x18\x06 \x01(\t\x12\x15\n\rdashboard_url\x18\x07 \x01(\t\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07message\x18\n \x01(\t\x12\x0c\n\x04gpus\x18\x0b \x01(\x01\x12\x14\n\x0cidle_workers\x18\x0c \x01(\x05\x12\x1f\n\x05nodes\x18\r \x03(\x0b\x32\x10.raydist.v1.Node\"\xc2\x01\n\x04Node\x12\x0b\n\x03key\x18\x01 \x01(\t\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.raydist.v1.NodeState\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0f\n\x07node_ip\x18\x04 \x01(\t\x12\x13\n\x0bray_node_id\x18\x05 \x01(\t\x12\x10\n\x08restarts\x18\x06 \x01(\x05\x12\x0c\n\x04\x63pus\x18\x07 \x01(\x05\x12\x0c\n\x04gpus\x18\x08 \x01(\x01\x12\x0f\n\x07message\x18\t \x01(\t\x12\x14\n\x0cidle_seconds\x18\n \x01(\x01\"\x9f\x01\n\x0c\x43lusterEvent\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.raydist.v1.State\x12\x0f\n\x07message\x18\x03 \x01(\t\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12$\n\x07\x63luster\x18\x05 \x01(\x0b\x32\x13.raydist.v1.Cluster\"h\n\x14\x43reateClusterRequest\x12%\n\x04spec\x18\x01 \x01(\x0b\x32\x17.raydist.v1.ClusterSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x15\n\rvalidate_only\x18\x03 \x01(\x08\"!\n\x11GetClusterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"<\n\x13ListClustersRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"V\n\x14ListClustersResponse\x12%\n\x08\x63lusters\x18\x01 \x03(\x0b\x32\x13.raydist.v1.Cluster\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\";\n\x14\x44\x65leteClusterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rallow_missing\x18\x02 \x01(\x08\"4\n\x13WatchClusterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07history\x18\x02 \x01(\x08\"n\n\x14UpdateClusterRequest\x12%\n\x04spec\x18\x01 \x01(\x0b\x32\x17.raydist.v1.ClusterSpec\x12/\n\x0bupdate_mask\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\",\n\x1cGetClusterCredentialsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"u\n\x12\x43lusterCredentials\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0e\x63lient_address\x18\x03 \x01(\t\x12\x15\n\rdashboard_url\x18\x04 \x01(\t\x12\x11\n\tray_token\x18\x05 \x01(\t\"\x16\n\x14GetServerInfoRequest\"[\n\nServerInfo\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x14\n\x0cspark_master\x18\x02 \x01(\t\x12\x14\n\x0cspark_ui_url\x18\x03 \x01(\t\x12\x10\n\x08\x63lusters\x18\x04 \x01(\x05*n\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x43REATING\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\x0c\n\x08\x44\x45GRADED\x10\x03\x12\x0c\n\x08\x44\x45LETING\x10\x04\x12\x0b\n\x07\x44\x45LETED\x10\x05\x12\n\n\x06\x46\x41ILED\x10\x06*S\n\tNodeState\x12\x1a\n\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13NODE_STATE_STARTING\x10\x01\x12\x11\n\rNODE_STATE_UP\x10\x02\x32\xf8\x04\n\x0e\x43lusterService\x12\x46\n\rCreateCluster\x12 .raydist.v1.CreateClusterRequest\x1a\x13.raydist.v1.Cluster\x12@\n\nGetCluster\x12\x1d.raydist.v1.GetClusterRequest\x1a\x13.raydist.v1.Cluster\x12Q\n\x0cListClusters\x12\x1f.raydist.v1.ListClustersRequest\x1a .raydist.v1.ListClustersResponse\x12\x46\n\rDeleteCluster\x12 .raydist.v1.DeleteClusterRequest\x1a\x13.raydist.v1.Cluster\x12\x46\n\rUpdateCluster\x12 .raydist.v1.UpdateClusterRequest\x1a\x13.raydist.v1.Cluster\x12K\n\x0cWatchCluster\x12\x1f.raydist.v1.WatchClusterRequest\x1a\x18.raydist.v1.ClusterEvent0\x01\x12I\n\rGetServerInfo\x12 .raydist.v1.GetServerInfoRequest\x1a\x16.raydist.v1.ServerInfo\x12\x61\n\x15GetClusterCredentials\x12(.raydist.v1.GetClusterCredentialsRequest\x1a\x1e.raydist.v1.ClusterCredentialsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,8 +40,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLUSTERSPEC_RAYSTARTOPTIONSENTRY']._serialized_options = b'8\001'
   _globals['_CLUSTERSPEC_ENVENTRY']._loaded_options = None
   _globals['_CLUSTERSPEC_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_STATE']._serialized_start=2258
-  _globals['_STATE']._serialized_end=2368
+  _globals['_STATE']._serialized_start=2488
+  _globals['_STATE']._serialized_end=2598
+  _globals['_NODESTATE']._serialized_start=2600
+  _globals['_NODESTATE']._serialized_end=2683
   _globals['_CLUSTERSPEC']._serialized_start=109
   _globals['_CLUSTERSPEC']._serialized_end=946
   _globals['_CLUSTERSPEC_SPARKCONFENTRY']._serialized_start=720
@@ -51,31 +53,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLUSTERSPEC_ENVENTRY']._serialized_start=826
   _globals['_CLUSTERSPEC_ENVENTRY']._serialized_end=868
   _globals['_CLUSTER']._serialized_start=949
-  _globals['_CLUSTER']._serialized_end=1294
-  _globals['_CLUSTEREVENT']._serialized_start=1297
-  _globals['_CLUSTEREVENT']._serialized_end=1456
-  _globals['_CREATECLUSTERREQUEST']._serialized_start=1458
-  _globals['_CREATECLUSTERREQUEST']._serialized_end=1562
-  _globals['_GETCLUSTERREQUEST']._serialized_start=1564
-  _globals['_GETCLUSTERREQUEST']._serialized_end=1597
-  _globals['_LISTCLUSTERSREQUEST']._serialized_start=1599
-  _globals['_LISTCLUSTERSREQUEST']._serialized_end=1659
-  _globals['_LISTCLUSTERSRESPONSE']._serialized_start=1661
-  _globals['_LISTCLUSTERSRESPONSE']._serialized_end=1747
-  _globals['_DELETECLUSTERREQUEST']._serialized_start=1749
-  _globals['_DELETECLUSTERREQUEST']._serialized_end=1808
-  _globals['_WATCHCLUSTERREQUEST']._serialized_start=1810
-  _globals['_WATCHCLUSTERREQUEST']._serialized_end=1862
-  _globals['_UPDATECLUSTERREQUEST']._serialized_start=1864
-  _globals['_UPDATECLUSTERREQUEST']._serialized_end=1974
-  _globals['_GETCLUSTERCREDENTIALSREQUEST']._serialized_start=1976
-  _globals['_GETCLUSTERCREDENTIALSREQUEST']._serialized_end=2020
-  _globals['_CLUSTERCREDENTIALS']._serialized_start=2022
-  _globals['_CLUSTERCREDENTIALS']._serialized_end=2139
-  _globals['_GETSERVERINFOREQUEST']._serialized_start=2141
-  _globals['_GETSERVERINFOREQUEST']._serialized_end=2163
-  _globals['_SERVERINFO']._serialized_start=2165
-  _globals['_SERVERINFO']._serialized_end=2256
-  _globals['_CLUSTERSERVICE']._serialized_start=2371
-  _globals['_CLUSTERSERVICE']._serialized_end=3003
+  _globals['_CLUSTER']._serialized_end=1327
+  _globals['_NODE']._serialized_start=1330
+  _globals['_NODE']._serialized_end=1524
+  _globals['_CLUSTEREVENT']._serialized_start=1527
+  _globals['_CLUSTEREVENT']._serialized_end=1686
+  _globals['_CREATECLUSTERREQUEST']._serialized_start=1688
+  _globals['_CREATECLUSTERREQUEST']._serialized_end=1792
+  _globals['_GETCLUSTERREQUEST']._serialized_start=1794
+  _globals['_GETCLUSTERREQUEST']._serialized_end=1827
+  _globals['_LISTCLUSTERSREQUEST']._serialized_start=1829
+  _globals['_LISTCLUSTERSREQUEST']._serialized_end=1889
+  _globals['_LISTCLUSTERSRESPONSE']._serialized_start=1891
+  _globals['_LISTCLUSTERSRESPONSE']._serialized_end=1977
+  _globals['_DELETECLUSTERREQUEST']._serialized_start=1979
+  _globals['_DELETECLUSTERREQUEST']._serialized_end=2038
+  _globals['_WATCHCLUSTERREQUEST']._serialized_start=2040
+  _globals['_WATCHCLUSTERREQUEST']._serialized_end=2092
+  _globals['_UPDATECLUSTERREQUEST']._serialized_start=2094
+  _globals['_UPDATECLUSTERREQUEST']._serialized_end=2204
+  _globals['_GETCLUSTERCREDENTIALSREQUEST']._serialized_start=2206
+  _globals['_GETCLUSTERCREDENTIALSREQUEST']._serialized_end=2250
+  _globals['_CLUSTERCREDENTIALS']._serialized_start=2252
+  _globals['_CLUSTERCREDENTIALS']._serialized_end=2369
+  _globals['_GETSERVERINFOREQUEST']._serialized_start=2371
+  _globals['_GETSERVERINFOREQUEST']._serialized_end=2393
+  _globals['_SERVERINFO']._serialized_start=2395
+  _globals['_SERVERINFO']._serialized_end=2486
+  _globals['_CLUSTERSERVICE']._serialized_start=2686
+  _globals['_CLUSTERSERVICE']._serialized_end=3318
 # @@protoc_insertion_point(module_scope)

@@ -21,6 +21,12 @@ class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DELETING: _ClassVar[State]
     DELETED: _ClassVar[State]
     FAILED: _ClassVar[State]
+
+class NodeState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NODE_STATE_UNSPECIFIED: _ClassVar[NodeState]
+    NODE_STATE_STARTING: _ClassVar[NodeState]
+    NODE_STATE_UP: _ClassVar[NodeState]
 STATE_UNSPECIFIED: State
 CREATING: State
 RUNNING: State
@@ -28,6 +34,9 @@ DEGRADED: State
 DELETING: State
 DELETED: State
 FAILED: State
+NODE_STATE_UNSPECIFIED: NodeState
+NODE_STATE_STARTING: NodeState
+NODE_STATE_UP: NodeState
 
 class ClusterSpec(_message.Message):
     __slots__ = ("name", "workers", "min_workers", "max_workers", "cpus_per_worker", "gpus_per_worker", "memory_per_worker", "object_store_per_worker", "head_cpus", "head_gpus", "head_memory", "head_object_store", "spark_conf", "ray_start_options", "env", "start_timeout_s", "self_heal", "restart_on_server_restart", "dashboard", "idle_timeout_s")
@@ -95,7 +104,7 @@ class ClusterSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., workers: _Optional[int] = ..., min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., cpus_per_worker: _Optional[int] = ..., gpus_per_worker: _Optional[float] = ..., memory_per_worker: _Optional[int] = ..., object_store_per_worker: _Optional[int] = ..., head_cpus: _Optional[int] = ..., head_gpus: _Optional[int] = ..., head_memory: _Optional[int] = ..., head_object_store: _Optional[int] = ..., spark_conf: _Optional[_Mapping[str, str]] = ..., ray_start_options: _Optional[_Mapping[str, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., start_timeout_s: _Optional[float] = ..., self_heal: _Optional[bool] = ..., restart_on_server_restart: _Optional[bool] = ..., dashboard: _Optional[bool] = ..., idle_timeout_s: _Optional[float] = ...) -> None: ...
 
 class Cluster(_message.Message):
-    __slots__ = ("spec", "state", "ready_workers", "desired_workers", "address", "client_address", "dashboard_url", "create_time", "update_time", "message", "gpus", "idle_workers")
+    __slots__ = ("spec", "state", "ready_workers", "desired_workers", "address", "client_address", "dashboard_url", "create_time", "update_time", "message", "gpus", "idle_workers", "nodes")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     READY_WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +117,7 @@ class Cluster(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     IDLE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
     spec: ClusterSpec
     state: State
     ready_workers: int
@@ -120,7 +130,32 @@ class Cluster(_message.Message):
     message: str
     gpus: float
     idle_workers: int
-    def __init__(self, spec: _Optional[_Union[ClusterSpec, _Mapping]] = ..., state: _Optional[_Union[State, str]] = ..., ready_workers: _Optional[int] = ..., desired_workers: _Optional[int] = ..., address: _Optional[str] = ..., client_address: _Optional[str] = ..., dashboard_url: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message: _Optional[str] = ..., gpus: _Optional[float] = ..., idle_workers: _Optional[int] = ...) -> None: ...
+    nodes: _containers.RepeatedCompositeFieldContainer[Node]
+    def __init__(self, spec: _Optional[_Union[ClusterSpec, _Mapping]] = ..., state: _Optional[_Union[State, str]] = ..., ready_workers: _Optional[int] = ..., desired_workers: _Optional[int] = ..., address: _Optional[str] = ..., client_address: _Optional[str] = ..., dashboard_url: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message: _Optional[str] = ..., gpus: _Optional[float] = ..., idle_workers: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ...) -> None: ...
+
+class Node(_message.Message):
+    __slots__ = ("key", "state", "host", "node_ip", "ray_node_id", "restarts", "cpus", "gpus", "message", "idle_seconds")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    NODE_IP_FIELD_NUMBER: _ClassVar[int]
+    RAY_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    state: NodeState
+    host: str
+    node_ip: str
+    ray_node_id: str
+    restarts: int
+    cpus: int
+    gpus: float
+    message: str
+    idle_seconds: float
+    def __init__(self, key: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., host: _Optional[str] = ..., node_ip: _Optional[str] = ..., ray_node_id: _Optional[str] = ..., restarts: _Optional[int] = ..., cpus: _Optional[int] = ..., gpus: _Optional[float] = ..., message: _Optional[str] = ..., idle_seconds: _Optional[float] = ...) -> None: ...
 
 class ClusterEvent(_message.Message):
     __slots__ = ("name", "state", "message", "time", "cluster")
