@@ -19,9 +19,10 @@ from raydist.spec import ClusterSpec
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from raydist.control.remote import RemoteCluster
     from raydist.engine.cluster import RayCluster
 
-__all__ = ["up", "down", "clusters"]
+__all__ = ["up", "down", "attach", "clusters"]
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +201,20 @@ def down(name: str) -> None:
     cluster = _registry.get(name)
     cluster.down()
     _registry.remove(name, cluster)
+
+
+def attach(name: str, address: str | None = None) -> RemoteCluster:
+    """A handle to cluster ``name`` that a control plane already runs (made by
+    ``raydist up`` or another process): status, env, connect, submit, resize,
+    down. ``address``: the control plane's ``host:port``, default
+    ``RAYDIST_ADDRESS`` or the local one; its token from ``RAYDIST_TOKEN`` or
+    ``RAYDIST_HOME``. ClusterNotFoundError when it runs no such cluster."""
+    from raydist.control.client import Client
+    from raydist.control.remote import RemoteCluster
+    from raydist.spec import spec_from_proto
+
+    client = Client(address)
+    return RemoteCluster(client, spec_from_proto(client.get(name).spec))
 
 
 def clusters() -> list[RayCluster]:

@@ -20,7 +20,7 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
-from raydist import __version__
+from raydist import __version__, cli_jobs
 from raydist.errors import ControlPlaneUnavailableError, HomeInUseError, RaydistError
 
 err = Console(stderr=True)
@@ -117,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="RAY_ADDRESS is the GCS address (a driver on the cluster's network) instead of "
                          "the Ray Client (ray://) address")
     common(en)
+    cli_jobs.add_parsers(sub, common)
     sub.add_parser("version", help="print the version")
     return p
 
@@ -433,7 +434,18 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # `raydist submit NAME [options] -- COMMAND...`: what follows the first --
+    # is the job's command, word for word (argparse would read its options).
+    entrypoint: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, entrypoint = argv[:cut], argv[cut + 1:]
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if entrypoint and args.command != "submit":
+        parser.error(f"only `raydist submit` takes a command after --, not `raydist {args.command}`")
+    args.entrypoint = entrypoint
     logging.basicConfig(level=logging.INFO if args.verbose or args.command == "serve" else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -443,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"serve": cmd_serve, "up": cmd_up, "down": cmd_down, "status": cmd_status, "list": cmd_status,
                 "logs": cmd_logs, "env": cmd_env, "scale": cmd_scale}
     try:
+        if args.command in cli_jobs.HANDLERS:
+            return cli_jobs.HANDLERS[args.command](args, _client(args), out, err)
         return handlers[args.command](args)
     except RaydistError as exc:
         from raydist.errors import SpecError

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "JobNotFoundError",
     "RaydistError",
     "SpecError",
     "CapacityError",
@@ -127,6 +128,18 @@ class ClusterNotFoundError(RaydistError, LookupError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (self.__class__, (self.name,))
+
+
+class JobNotFoundError(RaydistError, LookupError):
+    """A cluster has no Ray job by that id."""
+
+    def __init__(self, cluster: str, job_id: str) -> None:
+        self.cluster = cluster
+        self.job_id = job_id
+        super().__init__(f"cluster {cluster!r} has no job {job_id!r}; `raydist jobs {cluster}` lists them")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.__class__, (self.cluster, self.job_id))
 
 
 class ClusterExistsError(RaydistError):

@@ -6,11 +6,13 @@ the same whether the engine runs in the notebook or behind ``raydist serve``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from raydist.control.client import Client
 from raydist.engine.auth import ProcessEnv, RayToken
 from raydist.errors import ClusterFailedError
+from raydist.jobs import Jobs
 from raydist.spec import ClusterSpec, ClusterStatus, NodeStatus, State
 
 __all__ = ["RemoteCluster"]
@@ -60,6 +62,16 @@ class RemoteCluster:
         """Change the cluster's size while it runs (see ``RayCluster.resize``)."""
         self._update(self._client.update(self.name, workers=workers, min_workers=min_workers,
                                          max_workers=max_workers, idle_timeout_s=idle_timeout_s))
+
+    def jobs(self) -> Jobs:
+        """This cluster's Ray jobs (it needs ``dashboard=True``); the control
+        plane records the credentials it hands out for them."""
+        creds = self._client.credentials(self.name)
+        return Jobs(self.name, creds.dashboard_url, creds.ray_token)
+
+    def submit(self, entrypoint: str | Sequence[str], **options: Any) -> str:
+        """Submit a Ray job (``Jobs.submit``: working_dir, pip, env); returns its id."""
+        return self.jobs().submit(entrypoint, **options)
 
     def env(self, *, client: bool = True) -> dict[str, str]:
         """Environment for a process that should use this cluster:

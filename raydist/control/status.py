@@ -13,6 +13,7 @@ CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (errors.SpecError, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.CapacityError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.ClusterNotFoundError, grpc.StatusCode.NOT_FOUND),
+    (errors.JobNotFoundError, grpc.StatusCode.NOT_FOUND),
     (errors.ClusterExistsError, grpc.StatusCode.ALREADY_EXISTS),
     (errors.NodeStartTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (errors.AuthenticationError, grpc.StatusCode.UNAUTHENTICATED),

@@ -21,21 +21,22 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from raydist.engine import spark as spark_side
 from raydist.engine.auth import ProcessEnv, RayToken, load_or_create_token
 from raydist.engine.channel import NodeChannel, NodeLink
 from raydist.engine.head import Head
-from raydist.engine.jobs import WorkerJobs
 from raydist.engine.launch import HEAD_KEY, HEAD_PORTS, node_plans, route_ip
 from raydist.engine.outbox import Outbox
 from raydist.engine.ports import preferred_or_free_port
 from raydist.engine.procs import wait_processes_gone
 from raydist.engine.scaler import Scaler, elastic
 from raydist.engine.slot import NodeCounters, WorkerPool, WorkerSlot
+from raydist.engine.spark_jobs import WorkerJobs
 from raydist.errors import ClusterFailedError, NodeStartTimeoutError
+from raydist.jobs import Jobs
 from raydist.spec import ClusterSpec, ClusterStatus, State
 
 if TYPE_CHECKING:
@@ -139,6 +140,14 @@ class RayCluster:
         """Environment for a subprocess that should use this cluster
         (``RAY_ADDRESS`` and the auth token)."""
         return {"RAY_ADDRESS": self.address, **self._token.env()}
+
+    def jobs(self) -> Jobs:
+        """This cluster's Ray jobs (it needs ``dashboard=True``)."""
+        return Jobs(self.name, self.dashboard_url, self._token.reveal())
+
+    def submit(self, entrypoint: str | Sequence[str], **options: Any) -> str:
+        """Submit a Ray job (``Jobs.submit``: working_dir, pip, env); returns its id."""
+        return self.jobs().submit(entrypoint, **options)
 
     def export_env(self) -> None:
         """Make this cluster this process's default Ray cluster, as

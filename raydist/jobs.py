@@ -1,0 +1,133 @@
+"""Ray Jobs on a raydist cluster: submit a script, follow its logs, list, stop.
+
+Ray's Jobs API is served by the head's dashboard, so a cluster made with
+``dashboard=True`` (``raydist up NAME --dashboard``) takes jobs. A job's
+entrypoint runs as a Ray driver beside the head, inside the cluster: the
+submitting machine needs only the dashboard's address and the cluster's token,
+which is why this is the way in for a user on another host (Ray's own advice
+for remote work, where Ray Client is the older path).
+
+Every request carries the cluster's own Ray token in its ``Authorization``
+header, never in this process's environment: one process may talk to the
+jobs of clusters with different tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from raydist.errors import ClusterNotReadyError, JobNotFoundError
+
+__all__ = ["JobInfo", "Jobs", "TERMINAL"]
+
+#: Job states after which nothing changes.
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One job as Ray's Jobs API reports it."""
+
+    job_id: str
+    status: str
+    entrypoint: str
+    message: str = ""
+    start_time: float = 0.0  # seconds since the epoch; 0 before it starts
+    end_time: float = 0.0
+
+
+class Jobs:
+    """The jobs of one cluster, through its head's dashboard."""
+
+    def __init__(self, cluster: str, dashboard_url: str, ray_token: str) -> None:
+        if not dashboard_url:
+            raise ClusterNotReadyError(
+                f"cluster {cluster!r} runs without the Ray dashboard, which serves Ray Jobs: "
+                f"create it with the dashboard on (raydist up {cluster} --dashboard, or dashboard=True)"
+            )
+        from ray.job_submission import JobSubmissionClient
+
+        self.cluster = cluster
+        headers = {"Authorization": f"Bearer {ray_token}"} if ray_token else {}
+        self._client = JobSubmissionClient(dashboard_url, headers=headers)
+
+    def submit(self, entrypoint: str | Sequence[str], *, working_dir: str | None = None,
+               pip: Sequence[str] = (), env: Mapping[str, str] | None = None,
+               submission_id: str | None = None) -> str:
+        """Start ``entrypoint`` (a shell command line, or its words) on the
+        cluster; returns the job id. ``working_dir`` is uploaded and becomes
+        the job's working directory; ``pip`` packages are installed for it;
+        ``env`` is set in its processes."""
+        command = entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint)
+        runtime_env: dict[str, Any] = {}
+        if working_dir:
+            runtime_env["working_dir"] = working_dir
+        if pip:
+            runtime_env["pip"] = list(pip)
+        if env:
+            runtime_env["env_vars"] = dict(env)
+        return str(self._client.submit_job(entrypoint=command, runtime_env=runtime_env or None,
+                                           submission_id=submission_id))
+
+    def info(self, job_id: str) -> JobInfo:
+        """One job; JobNotFoundError when the cluster has none by that id."""
+        try:
+            details = self._client.get_job_info(job_id)
+        except RuntimeError as exc:
+            if "does not exist" in str(exc) or "404" in str(exc):
+                raise JobNotFoundError(self.cluster, job_id) from None
+            raise
+        return _info(details)
+
+    def list(self) -> list[JobInfo]:
+        """Every job of the cluster, oldest first."""
+        return sorted((_info(d) for d in self._client.list_jobs()), key=lambda j: (j.start_time, j.job_id))
+
+    def stop(self, job_id: str) -> bool:
+        """Ask the job to stop; False when it had ended already."""
+        self.info(job_id)  # a clear error for an unknown id
+        return bool(self._client.stop_job(job_id))
+
+    def logs(self, job_id: str) -> str:
+        """What the job has printed so far."""
+        self.info(job_id)
+        return str(self._client.get_job_logs(job_id))
+
+    def follow(self, job_id: str, write: Callable[[str], None]) -> JobInfo:
+        """Pass the job's output to ``write`` as it comes, until the job
+        ends; returns how it ended."""
+        self.info(job_id)
+
+        async def tail() -> None:
+            async for chunk in self._client.tail_job_logs(job_id):
+                write(chunk)
+
+        asyncio.run(tail())
+        return self.wait(job_id, timeout=30)
+
+    def wait(self, job_id: str, timeout: float) -> JobInfo:
+        """Poll until the job ends (or ``timeout`` s pass); returns it as it is then."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        info = self.info(job_id)
+        while info.status not in TERMINAL and time.monotonic() < deadline:
+            time.sleep(0.5)
+            info = self.info(job_id)
+        return info
+
+
+def _info(details: Any) -> JobInfo:
+    status = getattr(details.status, "value", details.status)
+    return JobInfo(
+        job_id=str(details.submission_id or details.job_id or ""),
+        status=str(status),
+        entrypoint=str(details.entrypoint or ""),
+        message=str(details.message or ""),
+        start_time=(details.start_time or 0) / 1000,
+        end_time=(details.end_time or 0) / 1000,
+    )

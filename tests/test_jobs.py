@@ -1,0 +1,113 @@
+"""Ray Jobs on a served cluster, as a user runs them: `raydist submit` as a
+subprocess (its output, its exit code), `raydist jobs`, `raydist stop`, and
+the Python API's `cluster.submit`, against a real `raydist serve`."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raydist.engine.ports import free_port
+from raydist.engine.procs import ray_processes, wait_no_ray_processes
+from tests.control_server import Server
+
+pytestmark = pytest.mark.integration
+
+JOB = textwrap.dedent("""
+    import sys
+    import ray
+
+    import helper  # from the uploaded working dir
+
+    ray.init()
+    squares = ray.get([ray.remote(helper.square).remote(i) for i in range(10)])
+    print("sum of squares", sum(squares), "args", sys.argv[1:], flush=True)
+    sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 0)
+""")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    before = {p.pid for p in ray_processes()}
+    srv = Server(tmp_path_factory.mktemp("jobs-home"), free_port()).start()
+    try:
+        up = srv.cli("up", "jobs", "-w", "1", "--cpus-per-worker", "1", "--dashboard")
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield srv
+    finally:
+        srv.cli("down", "jobs")
+        assert srv.stop() == 0
+        assert not wait_no_ray_processes(ignore=before)
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    (tmp_path / "job.py").write_text(JOB)
+    (tmp_path / "helper.py").write_text("def square(i):\n    return i * i\n")
+    return tmp_path
+
+
+def test_submit_streams_output_and_exits_with_the_jobs_outcome(server: Server, workdir: Path) -> None:
+    ok = server.cli("submit", "jobs", "--working-dir", str(workdir), "--", "python", "job.py", "--flag", "x y")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "sum of squares 285 args ['--flag', 'x y']" in ok.stdout  # the job's argv, word for word
+    assert "SUCCEEDED" in ok.stderr
+
+    failed = server.cli("submit", "jobs", "--working-dir", str(workdir), "--", "python", "job.py", "3")
+    assert failed.returncode == 1 and "FAILED" in failed.stderr, failed.stdout + failed.stderr
+
+    listed = json.loads(server.cli("jobs", "jobs", "-o", "json").stdout)
+    assert [j["status"] for j in listed][-2:] == ["SUCCEEDED", "FAILED"]
+    assert listed[-2]["entrypoint"] == "python job.py --flag 'x y'"
+    table = server.cli("jobs", "jobs").stdout
+    assert "SUCCEEDED" in table and "FAILED" in table
+
+    token = server.client().credentials("jobs").ray_token
+    for out in (ok.stdout, ok.stderr, failed.stderr, table):
+        assert token not in out
+    assert "credentials given to" in server.cli("logs", "jobs").stdout  # each use is on record
+
+
+def test_no_wait_then_stop(server: Server) -> None:
+    started = server.cli("submit", "jobs", "--no-wait", "--", "python", "-c",
+                         "import time; print('working', flush=True); time.sleep(600)")
+    assert started.returncode == 0, started.stderr
+    job_id = started.stdout.strip()
+    assert job_id and f"raydist stop jobs {job_id}" in " ".join(started.stderr.split())
+    stopped = server.cli("stop", "jobs", job_id)
+    assert stopped.returncode == 0 and "STOPPED" in stopped.stdout, stopped.stdout + stopped.stderr
+    one = server.cli("jobs", "jobs", job_id, "-o", "json")
+    assert json.loads(one.stdout)["status"] == "STOPPED"
+
+    missing = server.cli("stop", "jobs", "no-such-job")
+    assert missing.returncode == 1 and "has no job 'no-such-job'" in missing.stderr
+
+
+def test_python_api_submit(server: Server, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import raydist
+
+    monkeypatch.setenv("RAYDIST_TOKEN", server.token)
+    cluster = raydist.attach("jobs", address=server.address)
+    job_id = cluster.submit(["python", "job.py", "py"], working_dir=str(workdir))
+    info = cluster.jobs().wait(job_id, timeout=120)
+    assert info.status == "SUCCEEDED", info
+    assert "sum of squares 285 args ['py']" in cluster.jobs().logs(job_id)
+
+
+def test_usage_errors_say_what_to_do(server: Server) -> None:
+    nothing = server.cli("submit", "jobs")
+    assert nothing.returncode == 2 and "raydist submit NAME -- python train.py" in nothing.stderr
+    stray = server.cli("status", "jobs", "--", "python", "x.py")
+    assert stray.returncode == 2 and "only `raydist submit` takes a command" in stray.stderr
+
+    up = server.cli("up", "plain", "-w", "0")
+    try:
+        assert up.returncode == 0, up.stderr
+        refused = server.cli("submit", "plain", "--", "python", "-c", "pass")
+        assert refused.returncode == 1 and "raydist up plain --dashboard" in refused.stderr, refused.stderr
+    finally:
+        server.cli("down", "plain")
