@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -63,7 +65,7 @@ def deployment(request: pytest.FixtureRequest) -> Iterator[Deployment]:
     # come back on that host.
     sa = StandaloneSpark(workers=2, cores=1, memory="3g", gpus_per_worker=2,
                          gpu_discovery_script=str(RESOURCES / "fake_gpus.sh"),
-                         isolate=request.param == "netns").start()
+                         isolate=request.param == "netns", client_hosts=1).start()
     d = Deployment(request.param, sa)
     try:
         yield d
@@ -83,27 +85,40 @@ def test_control_plane_on_standalone(deployment: Deployment, tmp_path: Path, no_
         pytest.skip("the control plane is checked across hosts only")
     sa = deployment.cluster
     conf = [f"--spark-conf={k}={v}" for k, v in sa.driver_conf().items()]
-    server = Server(tmp_path, free_port(), conf, master=sa.master_url).start()
+    port = free_port()
+    # Listening beyond loopback: a user on another host reaches it with its address and token.
+    server = Server(tmp_path, port, [*conf, "--host", "0.0.0.0"], master=sa.master_url).start()
     try:
-        up = server.cli("up", "sa", "-w", "1", "--cpus-per-worker", "1", "-o", "json")
+        up = server.cli("up", "sa", "-w", "1", "--cpus-per-worker", "1", "--dashboard", "-o", "json")
         assert up.returncode == 0, up.stdout + up.stderr
         info = json.loads(server.cli("status", "sa", "-o", "json").stdout)
         assert info["state"] == "RUNNING" and info["ready_workers"] == 1
         head_host = info["address"].split(":")[0]
         assert head_host in {d.host for d in sa.daemons} and head_host != sa.driver_host
-        creds = server.client().credentials("sa")
-        env = {k: v for k, v in server.env.items() if k != "RAY_ADDRESS"}
-        env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": creds.ray_token})
-        proc = run_client_py(
-            f"""
-            import ray
-            ray.init({info['client_address']!r})
-            print(sorted({{n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}}))
-            """,
-            env,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert proc.stdout.strip().splitlines()[-1] == str(sorted(d.host for d in sa.daemons))  # two hosts
+        assert sorted(n["node_ip"] for n in info["nodes"]) == sorted(d.host for d in sa.daemons)
+
+        # Another host: its own network namespace, nothing but the control
+        # plane's address and token (no RAYDIST_HOME of the server's).
+        remote_home = tmp_path / "remote-home"
+        remote_home.mkdir()
+        remote = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(remote_home),
+                  "RAYDIST_HOME": str(remote_home), "RAYDIST_ADDRESS": f"{sa.driver_host}:{port}",
+                  "RAYDIST_TOKEN": server.token, "RAY_USAGE_STATS_ENABLED": "0"}
+        code = ("import ray; ray.init(); "
+                "print(sorted({n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']})); "
+                "print(ray.get(ray.remote(lambda: 6 * 7).remote()))")
+        script = (f'eval "$(raydist env sa)" && python -c "{code}" && '
+                  "raydist submit sa -- python -c 'import ray; ray.init(); print(\"job says\", len(ray.nodes()))'")
+        proc = subprocess.run(["ip", "netns", "exec", sa.client_netns[0], "env", "-i",
+                               *(f"{k}={v}" for k, v in remote.items()), "bash", "-c", script],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        lines = proc.stdout.strip().splitlines()
+        assert str(sorted(d.host for d in sa.daemons)) in lines and "42" in lines, proc.stdout
+        assert "job says 2" in proc.stdout  # the job ran inside the cluster: head and worker
+        assert server.token not in proc.stdout + proc.stderr
+        given = [line for line in server.cli("logs", "sa").stdout.splitlines() if "credentials given to" in line]
+        assert len(given) >= 2 and any(sa.client_host in line for line in given), given  # env, then submit
         down = server.cli("down", "sa")
         assert down.returncode == 0, down.stderr
         assert json.loads(server.cli("status", "sa", "-o", "json").stdout)["state"] == "DELETED"

@@ -67,9 +67,11 @@ class StandaloneSpark:
     ``gpu_discovery_script``, which is handed the host's addresses in
     ``RAYDIST_FAKE_GPU_ADDRESSES`` (host i owns ``i*k .. i*k+k-1``, so a
     mapping mistake across hosts shows). ``isolate`` puts each worker in its
-    own network namespace. ``run_as`` (a uid, root only) runs the worker
-    daemons, and so every executor and Ray node, as that user: tenants'
-    code then cannot read what the driver's user owns."""
+    own network namespace, plus ``client_hosts`` namespaces with no daemon,
+    for clients "on another machine" (:attr:`client_netns`). ``run_as`` (a
+    uid, root only) runs the worker daemons, and so every executor and Ray
+    node, as that user: tenants' code then cannot read what the driver's
+    user owns."""
 
     workers: int = 2
     cores: int = 1
@@ -77,6 +79,7 @@ class StandaloneSpark:
     gpus_per_worker: int = 0
     gpu_discovery_script: str | None = None
     isolate: bool = False
+    client_hosts: int = 0
     start_timeout_s: float = 90.0
     run_as: int | None = None
     master_url: str = ""
@@ -95,7 +98,7 @@ class StandaloneSpark:
             self._dir.chmod(0o711)  # the workers' user reaches its own work dir, lists nothing
         try:
             if self.isolate:
-                self._net = HostNetwork(self.workers).create()
+                self._net = HostNetwork(self.workers + self.client_hosts).create()
                 self.driver_host = self._net.gateway
             port, self._master_ui = free_port(self.driver_host), free_port(self.driver_host)
             self.master_url = f"spark://{self.driver_host}:{port}"
@@ -117,6 +120,17 @@ class StandaloneSpark:
             self.stop()
             raise
         return self
+
+    @property
+    def client_netns(self) -> list[str]:
+        """The network namespaces of the client hosts (``isolate`` only):
+        run a command on one with ``ip netns exec NAME ...``."""
+        return self._net.names[self.workers:] if self._net else []
+
+    @property
+    def client_host(self) -> str:
+        """The address of the first client host (``isolate`` and ``client_hosts`` only)."""
+        return self._net.addresses[self.workers] if self._net and self.client_hosts else ""
 
     def start_worker(self, i: int, wait: bool = True) -> None:
         """Start (or start again) worker ``i``'s daemon on its host."""
