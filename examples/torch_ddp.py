@@ -32,13 +32,32 @@ def train_fn(config: dict[str, Any]) -> dict[str, Any]:
     return {"first_loss": losses[0], "last_loss": losses[-1], "world_size": ctx.get_world_size()}
 
 
-def main() -> None:
+def main(quiet: bool = False) -> None:
+    """Up, train, down. ``quiet``: Ray's and Ray Train's INFO lines stay off
+    the terminal (Spark's console output goes to raydist's log either way,
+    unless RAYDIST_VERBOSE=1)."""
+    import logging
+    import time
+
+    import ray
+    import ray.train
+
     import raydist
     from raydist.train import TorchTrainer
 
+    run_config = None
+    if quiet:
+        logging.getLogger("ray").setLevel(logging.WARNING)
+        run_config = ray.train.RunConfig(logging_config=ray.train.LoggingConfig(log_level="WARNING"))
+    t0 = time.monotonic()
     with raydist.up(workers=2, cpus_per_worker=1) as cluster:
-        print(f"cluster {cluster.name} up: {cluster.address} (Ray Client: {cluster.client_address})")
-        result = TorchTrainer(train_fn, config={"epochs": 30}, workers=2, cluster=cluster).fit()
+        print(f"cluster {cluster.name} up in {time.monotonic() - t0:.0f} s: {cluster.status().ready_workers} "
+              f"workers, {cluster.address} (Ray Client: {cluster.client_address})")
+        if raydist.spark_log() is not None:
+            print(f"  Spark's console output: {raydist.spark_log()}")
+        print("training a linear model with DDP on 2 workers, 30 epochs...")
+        result = TorchTrainer(train_fn, config={"epochs": 30}, workers=2, cluster=cluster,
+                              run_config=run_config).fit()
         # Ray Train keeps reported metrics in Result.metrics only with a
         # checkpoint; rank 0's return value carries them here.
         out = result.return_value

@@ -7,10 +7,11 @@ handle to a cluster a control plane (``raydist serve``) runs. Training facades l
 Importing ``raydist`` stays light: Spark, Ray and the frameworks load on use.
 """
 
-from raydist.api import attach, clusters, down, up
+from raydist.api import attach, clusters, down, spark_log, up
 from raydist.errors import RaydistError
 from raydist.spec import ClusterSpec, ClusterStatus, State
 
 __version__ = "0.1.0"
 
-__all__ = ["up", "down", "attach", "clusters", "ClusterSpec", "ClusterStatus", "State", "RaydistError", "__version__"]
+__all__ = ["up", "down", "attach", "clusters", "spark_log", "ClusterSpec", "ClusterStatus", "State", "RaydistError",
+           "__version__"]

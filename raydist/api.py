@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import secrets
 import threading
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from raydist.errors import ClusterExistsError, ClusterNotFoundError
+from raydist.paths import logs_dir, verbose
 from raydist.spec import ClusterSpec
 
 if TYPE_CHECKING:
@@ -22,7 +25,7 @@ if TYPE_CHECKING:
     from raydist.control.remote import RemoteCluster
     from raydist.engine.cluster import RayCluster
 
-__all__ = ["up", "down", "attach", "clusters"]
+__all__ = ["up", "down", "attach", "clusters", "spark_log"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +48,8 @@ class _Registry:
         self._clusters: dict[str, RayCluster] = {}
         self._services: dict[str, _Closeable] = {}
         self._owned_spark: SparkSession | None = None
+        #: Where the embedded SparkSession's driver JVM writes its console output.
+        self.spark_log: Path | None = None
         self._hooked = False
 
     def _hook_exit(self) -> None:
@@ -91,7 +96,9 @@ class _Registry:
         with self._lock:
             if self._owned_spark is None or self._owned_spark.sparkContext._jsc is None:
                 self._hook_exit()
-                self._owned_spark = embedded_session(master, conf)
+                if not verbose():
+                    self.spark_log = logs_dir() / f"spark-driver-{os.getpid()}.log"
+                self._owned_spark = embedded_session(master, conf, log_path=self.spark_log)
             return self._owned_spark
 
     def shutdown(self) -> None:
@@ -215,6 +222,13 @@ def attach(name: str, address: str | None = None) -> RemoteCluster:
 
     client = Client(address)
     return RemoteCluster(client, spec_from_proto(client.get(name).spec))
+
+
+def spark_log() -> Path | None:
+    """The file the SparkSession raydist started writes its driver JVM's
+    console output to (``RAYDIST_HOME/logs``), or None (none started, or
+    ``RAYDIST_VERBOSE=1`` kept it on the terminal)."""
+    return _registry.spark_log
 
 
 def clusters() -> list[RayCluster]:

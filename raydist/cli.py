@@ -7,28 +7,27 @@ Exit codes: 0 ok, 1 failure, 2 usage error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psutil
 from rich.console import Console
-from rich.table import Table
 
 from raydist import __version__, cli_jobs
+from raydist.cli_view import as_dict, clusters_table, nodes_table
 from raydist.errors import ControlPlaneUnavailableError, HomeInUseError, RaydistError
 
 err = Console(stderr=True)
 out = Console()
-
-_STATE_STYLE = {"RUNNING": "green", "CREATING": "yellow", "DEGRADED": "yellow", "DELETING": "yellow",
-                "DELETED": "dim", "FAILED": "red"}
-
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # usage errors exit 2 with the usage line
@@ -213,66 +212,23 @@ def _start_local_server() -> str:
     raise ControlPlaneUnavailableError(f"the control plane did not start within 180 s; see {log_path}")
 
 
-def _as_dict(cluster: Any) -> dict[str, Any]:
-    from google.protobuf.json_format import MessageToDict
+@contextlib.contextmanager
+def _ticking(tick: Callable[[], None], every_s: float = 0.5) -> Iterator[None]:
+    """Call ``tick`` every ``every_s`` seconds in a thread while the block runs
+    (a progress line's elapsed time moves between the events it shows)."""
+    stop = threading.Event()
 
-    d = MessageToDict(cluster, preserving_proto_field_name=True)
-    d.get("spec", {}).pop("env", None)  # values may be credentials
-    return d
+    def run() -> None:
+        while not stop.wait(every_s):
+            tick()
 
-
-def _age(cluster: Any) -> str:
-    seconds = max(0, int(time.time() - cluster.create_time.seconds))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
-
-def _table(clusters: list[Any]) -> None:
-    from raydist._proto import pb
-
-    if not clusters:
-        out.print("No clusters. Create one with: raydist up NAME -w 2")
-        return
-    table = Table(box=None, header_style="bold")
-    for col in ("NAME", "STATE", "WORKERS", "GPUS", "ADDRESS", "AGE"):
-        table.add_column(col)
-    show_msg = any(c.state in (pb.FAILED, pb.DEGRADED) for c in clusters)
-    if show_msg:
-        table.add_column("MESSAGE", overflow="fold", max_width=60)
-    for c in clusters:
-        state = pb.State.Name(c.state)
-        workers = f"{c.ready_workers}/{c.desired_workers}"
-        low, high = c.spec.min_workers, c.spec.max_workers
-        if c.spec.HasField("min_workers") and c.spec.HasField("max_workers") and low < high:
-            workers += f" ({low}..{high}" + (f", {c.idle_workers} idle)" if c.idle_workers else ")")
-        row = [c.spec.name, f"[{_STATE_STYLE.get(state, '')}]{state}[/]", workers,
-               f"{c.gpus:g}" if c.gpus else "-", c.client_address or "-", _age(c)]
-        if show_msg:
-            row.append(c.message if c.state in (pb.FAILED, pb.DEGRADED) else "-")
-        table.add_row(*row)
-    out.print(table)
-
-
-def _nodes_table(cluster: Any) -> None:
-    """One cluster's nodes: where each runs, whether it is up, and why it last went down."""
-    from raydist._proto import pb
-
-    if not cluster.nodes:
-        return
-    table = Table(box=None, header_style="bold", title="nodes", title_justify="left", title_style="bold")
-    for col in ("#", "NODE", "STATE", "HOST", "ADDRESS", "CPUS", "GPUS", "RESTARTS"):
-        table.add_column(col, no_wrap=True)
-    table.add_column("RAY NODE ID", no_wrap=True, min_width=12)  # 12 hex digits, as `ray list nodes` prints
-    table.add_column("LAST ERROR", overflow="fold", ratio=1)
-    for index, node in enumerate(cluster.nodes):
-        state = pb.NodeState.Name(node.state).removeprefix("NODE_STATE_")
-        style = "green" if node.state == pb.NODE_STATE_UP else "yellow"
-        table.add_row(str(index), node.key, f"[{style}]{state}[/]", node.host or "-", node.node_ip or "-",
-                      str(node.cpus), f"{node.gpus:g}" if node.gpus else "-", str(node.restarts),
-                      node.ray_node_id[:12] or "-", node.message or "-")
-    out.print(table)
+    thread = threading.Thread(target=run, daemon=True, name="raydist-cli-tick")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 # --- commands ----------------------------------------------------------------
@@ -305,25 +261,33 @@ def cmd_up(args: argparse.Namespace) -> int:
         **({"idle_timeout_s": args.idle_timeout} if args.idle_timeout is not None else {}),
     )
     client = _client(args, start_local=True)
+    t0 = time.monotonic()
     cluster = client.create(spec, request_id=uuid.uuid4().hex, restart_on_server_restart=args.restart)
     if args.wait:
-        with err.status(f"creating {spec.name}...") as status:
+        line = [f"{spec.name}: creating"]
+
+        def show() -> None:
+            status.update(f"{line[0]} ({time.monotonic() - t0:.0f} s)")
+
+        with err.status(line[0]) as status, _ticking(show):
             for event in client.watch(spec.name, timeout=args.timeout):
                 c = event.cluster
-                status.update(f"{spec.name}: {pb.State.Name(event.state)} - workers "
-                              f"{c.ready_workers}/{c.desired_workers} - {event.message}")
+                line[0] = (f"{spec.name}: {pb.State.Name(event.state)}, workers ready "
+                           f"{c.ready_workers}/{c.desired_workers}, {event.message}")
                 cluster = c
                 if event.state in (pb.RUNNING, pb.DEGRADED, pb.FAILED, pb.DELETED):
                     break
         cluster = client.get(spec.name)
     if args.output == "json":
-        out.print_json(json.dumps(_as_dict(cluster)))
+        out.print_json(json.dumps(as_dict(cluster)))
     else:
         state = pb.State.Name(cluster.state)
         if cluster.state == pb.FAILED:
             err.print(f"[red]{spec.name} FAILED:[/red] {cluster.message}")
             return 1
-        out.print(f"[bold]{spec.name}[/bold] is {state} with {cluster.ready_workers}/{cluster.desired_workers} workers")
+        took = f" after {time.monotonic() - t0:.0f} s" if args.wait else ""
+        out.print(f"[bold]{spec.name}[/bold] is {state} with {cluster.ready_workers}/{cluster.desired_workers} "
+                  f"workers{took}")
         if cluster.client_address:
             out.print(f"  Ray Client:  {cluster.client_address}")
             out.print(f"  GCS address: {cluster.address}")
@@ -356,7 +320,7 @@ def cmd_down(args: argparse.Namespace) -> int:
         with err.status(f"tearing down {name}..."):
             results.append(client.delete(name))
     if args.output == "json":
-        out.print_json(json.dumps([_as_dict(c) for c in results]))
+        out.print_json(json.dumps([as_dict(c) for c in results]))
     else:
         for c in results:
             out.print(f"{c.spec.name}: {pb.State.Name(c.state)}")
@@ -381,12 +345,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     client = _client(args)
     clusters = [client.get(args.name)] if getattr(args, "name", None) else client.list()
     if args.output == "json":
-        payload: Any = _as_dict(clusters[0]) if getattr(args, "name", None) else [_as_dict(c) for c in clusters]
+        payload: Any = as_dict(clusters[0]) if getattr(args, "name", None) else [as_dict(c) for c in clusters]
         out.print_json(json.dumps(payload))
     else:
-        _table(clusters)
+        clusters_table(out, clusters)
         if getattr(args, "name", None):
-            _nodes_table(clusters[0])
+            nodes_table(out, clusters[0])
     return 0
 
 

@@ -23,6 +23,20 @@ def home() -> Path:
     return path
 
 
+def logs_dir() -> Path:
+    """``RAYDIST_HOME/logs``: what raydist keeps off the terminal (the driver
+    JVM's console output of an embedded SparkSession), created if missing."""
+    path = home() / "logs"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def verbose() -> bool:
+    """``RAYDIST_VERBOSE=1``: Spark's and Ray's console output stays on the
+    terminal instead of going to :func:`logs_dir`."""
+    return os.environ.get("RAYDIST_VERBOSE", "") not in ("", "0", "false")
+
+
 def private_file(path: Path, content: str) -> None:
     """Write ``content`` to ``path`` readable by this user only (0600),
     without a window in which the file exists with wider permissions."""

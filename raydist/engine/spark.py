@@ -40,13 +40,17 @@ _SETTLE_S = 1.0
 _LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]")
 
 
-def embedded_session(master: str | None = None, conf: Mapping[str, str] | None = None) -> SparkSession:
+def embedded_session(master: str | None = None, conf: Mapping[str, str] | None = None, *,
+                     log_path: str | os.PathLike[str] | None = None) -> SparkSession:
     """A SparkSession for raydist to own.
 
     ``master`` defaults to ``RAYDIST_SPARK_MASTER``, else a ``local-cluster``
     sized from this machine: real executor JVMs, so the same code paths run as
-    on a standalone master, YARN or Kubernetes.
+    on a standalone master, YARN or Kubernetes. ``log_path``: the driver JVM's
+    console output (Spark's log4j lines, JVM warnings) goes to that file
+    instead of this process's terminal, when this call starts the JVM.
     """
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     master = master or os.environ.get("RAYDIST_SPARK_MASTER") or embedded_master(
@@ -56,7 +60,6 @@ def embedded_session(master: str | None = None, conf: Mapping[str, str] | None =
     # SparkContext is created); they must run this interpreter, which has Ray
     # and raydist installed.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.master(master).appName("raydist")
     defaults = {
         # Executors must run this interpreter: it has Ray and raydist installed.
         "spark.pyspark.python": sys.executable,
@@ -69,7 +72,18 @@ def embedded_session(master: str | None = None, conf: Mapping[str, str] | None =
         "spark.task.maxFailures": "8",
         "spark.python.worker.reuse": "true",
     }
-    for key, value in {**defaults, **(conf or {})}.items():
+    settings = {"spark.master": master, "spark.app.name": "raydist", **defaults, **(conf or {})}
+    if log_path is not None and SparkContext._gateway is None:  # type: ignore[attr-defined]
+        # PySpark's own way to start the JVM, with its output sent to a file;
+        # SparkContext then uses that JVM.
+        from pyspark.java_gateway import launch_gateway
+
+        spark_conf = SparkConf(loadDefaults=False).setAll(list(settings.items()))
+        with open(log_path, "ab") as log:
+            gateway = launch_gateway(spark_conf, popen_kwargs={"stdout": log, "stderr": log})
+        SparkContext(conf=spark_conf, gateway=gateway)
+    builder = SparkSession.builder
+    for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 
