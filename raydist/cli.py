@@ -99,9 +99,13 @@ def _parser() -> argparse.ArgumentParser:
     common(st)
     ls = sub.add_parser("list", help="all clusters")
     common(ls)
-    lg = sub.add_parser("logs", help="a cluster's events")
+    lg = sub.add_parser("logs", help="a cluster's events, or a node's Ray logs (--node)")
     lg.add_argument("name")
-    lg.add_argument("-f", "--follow", action="store_true")
+    lg.add_argument("-f", "--follow", action="store_true", help="keep printing what comes")
+    lg.add_argument("--node", help="a node's Ray logs: its # as `raydist status NAME` lists it, its key (head, "
+                                   "w0...) or a prefix of its Ray node id")
+    lg.add_argument("--file", default="", help="with --node: one file (default: each, newest first; "
+                                               "-f follows raylet.out)")
     common(lg)
     sc = sub.add_parser("scale", help="resize a running cluster: raydist scale NAME N (or --min/--max)")
     sc.add_argument("name")
@@ -383,9 +387,43 @@ def cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _node_logs(args: argparse.Namespace) -> int:
+    """A node's Ray log files through its supervisor; -f follows one file."""
+    client = _client(args)
+    file = args.file or ("raylet.out" if args.follow else "")
+    logs = client.node_logs(args.name, args.node, file=file)
+    if args.output == "json":
+        out.print_json(json.dumps({"node": logs.node, "files": [
+            {"name": f.name, "size": f.size, "offset": f.offset, "text": f.data.decode("utf-8", "replace")}
+            for f in logs.files]}))
+        return 0
+    for f in logs.files:
+        if not args.follow:
+            part = f", the last {len(f.data)}" if f.offset else ""
+            err.print(f"[bold]==> {logs.node}/{f.name} ({f.size} bytes{part}) <==[/bold]")
+        sys.stdout.write(f.data.decode("utf-8", "replace"))
+        sys.stdout.flush()
+    if not args.follow:
+        return 0
+    if not logs.files:
+        err.print(f"[red]error:[/red] node {logs.node} has no log file {file!r}")
+        return 1
+    offset = logs.files[0].offset + len(logs.files[0].data)
+    while True:
+        time.sleep(1.0)
+        more = client.node_logs(args.name, args.node, file=file, offset=offset).files
+        for f in more:
+            if f.data:
+                sys.stdout.write(f.data.decode("utf-8", "replace"))
+                sys.stdout.flush()
+                offset = f.offset + len(f.data)
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     from raydist._proto import pb
 
+    if args.node:
+        return _node_logs(args)
     client = _client(args)
     for event in client.watch(args.name, timeout=None if args.follow else 2.0, history=True):
         when = time.strftime("%H:%M:%S", time.localtime(event.time.seconds))

@@ -81,6 +81,36 @@ def test_cli_up_status_client_down(server: Server) -> None:
     assert not [p for p in ray_processes() if gcs in " ".join(p.cmdline())]
 
 
+def test_node_logs_through_the_supervisor_and_kept_at_down(server: Server) -> None:
+    up = server.cli("up", "logged", "-w", "1", "--cpus-per-worker", "1")
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        # Node 1 is the worker (the head is 0), as `raydist status logged` lists them.
+        shown = server.cli("logs", "logged", "--node", "1")
+        assert shown.returncode == 0, shown.stderr
+        assert "==> w0/raylet.out" in shown.stderr and "raylet" in shown.stdout
+        listed = json.loads(server.cli("logs", "logged", "--node", "w0", "-o", "json").stdout)
+        names = {f["name"] for f in listed["files"]}
+        assert listed["node"] == "w0" and {"raylet.out", "raydist-w0.log"} <= names, names
+        one = json.loads(server.cli("logs", "logged", "--node", "head", "--file", "gcs_server.out",
+                                    "-o", "json").stdout)
+        assert [f["name"] for f in one["files"]] == ["gcs_server.out"] and one["files"][0]["text"]
+        # From an offset on: what a follower reads next.
+        size = one["files"][0]["size"]
+        tail = server.client().node_logs("logged", "head", file="gcs_server.out", offset=max(0, size - 10))
+        assert tail.files[0].offset == max(0, size - 10) and len(tail.files[0].data) >= min(10, size)
+        bad = server.cli("logs", "logged", "--node", "7")
+        assert bad.returncode == 1 and "0=head, 1=w0" in bad.stderr, bad.stderr
+    finally:
+        down = server.cli("down", "logged")
+    assert down.returncode == 0, down.stderr
+    # At down every node's logs were kept, before the temp dirs went.
+    runs = list((server.home / "logs" / "logged").iterdir())
+    assert len(runs) == 1 and {p.name for p in runs[0].iterdir()} == {"head", "w0"}
+    assert (runs[0] / "w0" / "raylet.out").stat().st_size > 0
+    assert "nodes' logs kept in" in server.cli("logs", "logged").stdout
+
+
 def test_watch_in_order_and_idempotent_create(server: Server) -> None:
     client = server.client()
     spec = ClusterSpec(name="watched", workers=1, cpus_per_worker=1)

@@ -212,6 +212,33 @@ def test_update(server: Server, stub: Any) -> None:
     assert count >= EXAMPLES
 
 
+def test_node_logs(server: Server, stub: Any) -> None:
+    from raydist._proto import pb
+
+    count = 0
+
+    @_SETTINGS
+    @given(request=messages(pb.GetNodeLogsRequest))
+    def check(request: Any) -> None:
+        nonlocal count
+        count += 1
+        code, details, _ = _call(server, stub.GetNodeLogs, request)
+        error = _name_oracle(request.name)
+        if error is None and (not request.node or len(request.node) > 64):
+            error = SpecError("node", request.node, "bad")
+        elif error is None and request.offset < 0:
+            error = SpecError("offset", request.offset, "bad")
+        elif error is None and not 0 <= request.max_bytes <= 1 << 20:
+            error = SpecError("max_bytes", request.max_bytes, "bad")
+        if error is not None:
+            _expect_invalid(code, details, error)
+        else:
+            assert code == grpc.StatusCode.NOT_FOUND and request.name in details, (code, details)
+
+    check()
+    assert count >= EXAMPLES
+
+
 def test_list_and_server_info(server: Server, stub: Any) -> None:
     from raydist._proto import pb
 

@@ -173,6 +173,14 @@ class Client:
         the server records the call as an event."""
         return self._call("GetClusterCredentials", self._pb.GetClusterCredentialsRequest(name=name), timeout, None)
 
+    def node_logs(self, name: str, node: str, *, file: str = "", offset: int = 0, max_bytes: int = 0,
+                  timeout: float | None = None) -> Any:
+        """One node's Ray log files (``NodeLogs``), read now by its supervisor:
+        ``node`` is its index in ``Cluster.nodes``, its key or a Ray node id
+        prefix; ``file`` one file; ``offset`` from that byte on (0: the tail)."""
+        request = self._pb.GetNodeLogsRequest(name=name, node=node, file=file, offset=offset, max_bytes=max_bytes)
+        return self._call("GetNodeLogs", request, timeout, None)
+
     def server_info(self, *, timeout: float | None = None) -> Any:
         return self._call("GetServerInfo", self._pb.GetServerInfoRequest(), timeout, None)
 

@@ -49,6 +49,11 @@ def _node_proto(pb: Any, node: NodeStatus) -> Any:
                    gpus=node.gpus, message=node.message, idle_seconds=node.idle_s)
 
 
+#: GetNodeLogs' default and largest answer (bytes of log text).
+_LOG_BYTES_DEFAULT = 256 << 10
+_LOG_BYTES_MAX = 1 << 20
+
+
 class ClusterManager:
     """The control plane's clusters: engine objects, store rows, cached protos."""
 
@@ -179,6 +184,34 @@ class ClusterManager:
         return self._pb.ClusterCredentials(
             name=name, address=engine.address, client_address=engine.client_address,
             dashboard_url=engine.dashboard_url, ray_token=engine.token.reveal())
+
+    def node_logs(self, request: Any) -> Any:
+        """GetNodeLogs: one node's log files, read now by its supervisor
+        (blocks up to 10 s: run it off the event loop)."""
+        name = check_name(request.name)
+        if not request.node or len(request.node) > 64:
+            raise SpecError("node", request.node[:70], "give the node's index as `raydist status NAME` lists it, "
+                                                       "its key (head, w0...) or a prefix of its Ray node id")
+        if request.offset < 0 or not 0 <= request.max_bytes <= _LOG_BYTES_MAX:
+            field = "offset" if request.offset < 0 else "max_bytes"
+            raise SpecError(field, getattr(request, field), f"expected offset >= 0 and 0 <= max_bytes <= "
+                                                             f"{_LOG_BYTES_MAX} (0: {_LOG_BYTES_DEFAULT})")
+        with self._lock:
+            if self._store.get(name) is None:
+                raise ClusterNotFoundError(name)
+            engine = self._engines.get(name)
+        if engine is None:
+            raise ClusterNotReadyError(f"cluster {name!r} runs no nodes now; its last run's logs, if any, "
+                                       f"are under RAYDIST_HOME/logs/{name}/ on the control plane's host")
+        try:
+            key, files = engine.node_logs(request.node, name=request.file, offset=request.offset,
+                                          max_bytes=request.max_bytes or _LOG_BYTES_DEFAULT)
+        except TimeoutError as exc:
+            raise ClusterNotReadyError(f"cluster {name!r}: {exc}") from None
+        pb = self._pb
+        return pb.NodeLogs(name=name, node=key, files=[
+            pb.LogFile(name=f, size=size, offset=request.offset if request.offset else size - len(data), data=data)
+            for f, size, data in files])
 
     def list(self, page_size: int, page_token: str) -> tuple[list[Any], str]:
         if page_size < 0 or page_size > 1000:

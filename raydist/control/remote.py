@@ -63,6 +63,13 @@ class RemoteCluster:
         self._update(self._client.update(self.name, workers=workers, min_workers=min_workers,
                                          max_workers=max_workers, idle_timeout_s=idle_timeout_s))
 
+    def node_logs(self, node: str, *, name: str = "", offset: int = 0,
+                  max_bytes: int = 0) -> tuple[str, list[tuple[str, int, bytes]]]:
+        """One node's Ray log files, read now by its supervisor (as
+        ``RayCluster.node_logs``): (its key, [(file, size, bytes)])."""
+        logs = self._client.node_logs(self.name, node, file=name, offset=offset, max_bytes=max_bytes)
+        return logs.node, [(f.name, f.size, f.data) for f in logs.files]
+
     def jobs(self) -> Jobs:
         """This cluster's Ray jobs (it needs ``dashboard=True``); the control
         plane records the credentials it hands out for them."""

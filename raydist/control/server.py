@@ -243,6 +243,9 @@ class ClusterService(rpc.ClusterServiceServicer):
         return await self._call("GetClusterCredentials", context,
                                 lambda: self.m.credentials(request.name, context.peer()))
 
+    async def GetNodeLogs(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        return await self._call("GetNodeLogs", context, lambda: self.m.node_logs(request), blocking=True)
+
     async def GetServerInfo(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         def info() -> Any:
             master, ui = self.m.spark_info()

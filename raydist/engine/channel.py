@@ -21,9 +21,11 @@ in constant time and never logged.
 
 from __future__ import annotations
 
+import base64
 import hmac
 import json
 import logging
+import secrets
 import selectors
 import socket
 import threading
@@ -33,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from raydist.engine.nodelogs import NODE_BYTES, LogFile
 from raydist.engine.wire import (
     HANDSHAKE_S,
     IDLE_S,
@@ -78,10 +81,38 @@ class NodeLink:
     _sock: socket.socket | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     closed: threading.Event = field(default_factory=threading.Event)
+    _log_requests: dict[str, dict[str, Any]] = field(default_factory=dict)  # fetch_logs calls waiting
 
     def stop(self) -> None:
         """Ask the supervisor to tear its node down now."""
         self.tell({"cmd": "stop"})
+
+    def fetch_logs(self, *, max_bytes: int = NODE_BYTES, name: str = "", offset: int = 0,
+                   timeout: float = 10.0) -> list[LogFile]:
+        """The node's log files as its supervisor reads them now (see
+        :func:`raydist.engine.nodelogs.read_logs`); TimeoutError when it does
+        not answer within ``timeout`` seconds (its link is down, or it is gone)."""
+        req = secrets.token_hex(6)
+        box: dict[str, Any] = {"files": {}, "done": threading.Event()}
+        self._log_requests[req] = box
+        try:
+            self.tell({"cmd": "logs", "req": req, "max_bytes": max_bytes, "name": name, "offset": offset})
+            if not box["done"].wait(timeout):
+                raise TimeoutError(f"node {self.key} sent no logs within {timeout:g} s")
+        finally:
+            self._log_requests.pop(req, None)
+        return [(name, size, bytes(data)) for name, (size, data) in box["files"].items()]
+
+    def _on_logs(self, msg: dict[str, Any]) -> None:
+        box = self._log_requests.get(str(msg.get("req", "")))
+        if box is None:
+            return  # an answer nobody waits for any more
+        if msg.get("done"):
+            box["done"].set()
+            return
+        name = str(msg.get("name", ""))
+        entry = box["files"].setdefault(name, (int(msg.get("size", 0)), bytearray()))
+        entry[1].extend(base64.b64decode(str(msg.get("data", ""))))
 
     def tell(self, message: dict[str, Any]) -> None:
         """Send the supervisor a command (``stop``; ``head`` with its address)."""
@@ -333,6 +364,8 @@ class NodeChannel:
         elif kind == "demand":
             link.demand = msg
             self._listener("demand", link)
+        elif kind == "logs":
+            link._on_logs(msg)
         elif kind == "stopped":
             link.stopped = True
             code = msg.get("code")

@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from raydist.engine import nodelogs
 from raydist.engine import spark as spark_side
 from raydist.engine.auth import ProcessEnv, RayToken, load_or_create_token
 from raydist.engine.channel import NodeChannel, NodeLink
@@ -37,6 +38,7 @@ from raydist.engine.slot import NodeCounters, WorkerPool, WorkerSlot
 from raydist.engine.spark_jobs import WorkerJobs
 from raydist.errors import ClusterFailedError, NodeStartTimeoutError
 from raydist.jobs import Jobs
+from raydist.paths import logs_dir
 from raydist.spec import ClusterSpec, ClusterStatus, State
 
 if TYPE_CHECKING:
@@ -288,6 +290,9 @@ class RayCluster:
         deadline = time.monotonic() + timeout
         channel = self._channel
         if channel is not None:
+            # Before the nodes stop and their temp dirs go.
+            if (kept := nodelogs.keep_run(logs_dir(), self.name, channel.links())) is not None:
+                self._record(f"nodes' logs kept in {kept}")
             channel.stop_all()
         self._head.wait_stopped(deadline)
         if channel is not None:
@@ -317,6 +322,18 @@ class RayCluster:
                 self._set_state(State.DELETED, "deleted")
         if self._outbox is not None:
             self._outbox.close()
+
+    def node_logs(self, node: str, *, name: str = "", offset: int = 0,
+                  max_bytes: int = nodelogs.NODE_BYTES) -> tuple[str, list[nodelogs.LogFile]]:
+        """One node's Ray log files, read now by its supervisor: ``node`` is
+        its index as ``status().nodes`` lists it, its key, or a prefix of its
+        Ray node id. Returns (its key, the files). ClusterNotReadyError when
+        no such node is linked now."""
+        with self._lock:
+            nodes = self.status().nodes
+            links = self._channel.links() if self._channel is not None else {}
+        link = nodelogs.pick(self.name, nodes, links, node)
+        return link.key, link.fetch_logs(name=name, offset=offset, max_bytes=max_bytes)
 
     def _disconnect_this_process(self) -> None:
         """Close this process's Ray connection to the cluster before its nodes go."""

@@ -43,6 +43,7 @@ from typing import Any
 import psutil
 
 from raydist.engine.channel import LOG_TAIL_LINES
+from raydist.engine.nodelogs import NODE_BYTES, chunks, read_logs
 from raydist.engine.ports import free_port, wait_for_port
 from raydist.engine.reaper import (
     become_subreaper,
@@ -193,6 +194,8 @@ class Supervisor:
                     if msg.get("cmd") == "stop":
                         self.request_stop("stopped by the driver")
                         return
+                    if msg.get("cmd") == "logs":
+                        threading.Thread(target=self._send_logs, args=(msg,), daemon=True).start()
                     if msg.get("cmd") == "head" and not self.head_known.is_set():
                         self.head_address = str(msg.get("address", ""))
                         self.head_known.set()
@@ -211,6 +214,17 @@ class Supervisor:
                 self.request_stop(f"lost the link to the driver ({broke})")
                 return
             reader = resumed
+
+    def _send_logs(self, msg: dict[str, Any]) -> None:
+        """Answer the driver's ``logs`` request with this node's log files."""
+        try:
+            files = read_logs(str(self.cfg.get("temp_dir") or ""), name=str(msg.get("name") or ""),
+                              max_bytes=min(int(msg.get("max_bytes") or NODE_BYTES), 4 * NODE_BYTES),
+                              offset=max(0, int(msg.get("offset") or 0)))
+        except (TypeError, ValueError):
+            files = []
+        for message in chunks(str(msg.get("req", "")), files):
+            self.emit(message)
 
     def _reconnect(self, broke: str) -> LineReader | None:
         """Resume the link within the grace window; None when it cannot be."""

@@ -233,6 +233,42 @@ class GetClusterCredentialsRequest(_message.Message):
     name: str
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
+class GetNodeLogsRequest(_message.Message):
+    __slots__ = ("name", "node", "file", "offset", "max_bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    node: str
+    file: str
+    offset: int
+    max_bytes: int
+    def __init__(self, name: _Optional[str] = ..., node: _Optional[str] = ..., file: _Optional[str] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class LogFile(_message.Message):
+    __slots__ = ("name", "size", "offset", "data")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    size: int
+    offset: int
+    data: bytes
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class NodeLogs(_message.Message):
+    __slots__ = ("name", "node", "files")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    node: str
+    files: _containers.RepeatedCompositeFieldContainer[LogFile]
+    def __init__(self, name: _Optional[str] = ..., node: _Optional[str] = ..., files: _Optional[_Iterable[_Union[LogFile, _Mapping]]] = ...) -> None: ...
+
 class ClusterCredentials(_message.Message):
     __slots__ = ("name", "address", "client_address", "dashboard_url", "ray_token")
     NAME_FIELD_NUMBER: _ClassVar[int]

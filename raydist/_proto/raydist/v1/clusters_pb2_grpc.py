@@ -75,6 +75,11 @@ class ClusterServiceStub:
                 request_serializer=raydist_dot_v1_dot_clusters__pb2.GetClusterCredentialsRequest.SerializeToString,
                 response_deserializer=raydist_dot_v1_dot_clusters__pb2.ClusterCredentials.FromString,
                 _registered_method=True)
+        self.GetNodeLogs = channel.unary_unary(
+                '/raydist.v1.ClusterService/GetNodeLogs',
+                request_serializer=raydist_dot_v1_dot_clusters__pb2.GetNodeLogsRequest.SerializeToString,
+                response_deserializer=raydist_dot_v1_dot_clusters__pb2.NodeLogs.FromString,
+                _registered_method=True)
 
 
 class ClusterServiceServicer:
@@ -133,6 +138,13 @@ class ClusterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetNodeLogs(self, request, context):
+        """One node's Ray log files, read now by the node's supervisor.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -175,6 +187,11 @@ def add_ClusterServiceServicer_to_server(servicer, server):
                     servicer.GetClusterCredentials,
                     request_deserializer=raydist_dot_v1_dot_clusters__pb2.GetClusterCredentialsRequest.FromString,
                     response_serializer=raydist_dot_v1_dot_clusters__pb2.ClusterCredentials.SerializeToString,
+            ),
+            'GetNodeLogs': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetNodeLogs,
+                    request_deserializer=raydist_dot_v1_dot_clusters__pb2.GetNodeLogsRequest.FromString,
+                    response_serializer=raydist_dot_v1_dot_clusters__pb2.NodeLogs.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -393,6 +410,33 @@ class ClusterService:
             '/raydist.v1.ClusterService/GetClusterCredentials',
             raydist_dot_v1_dot_clusters__pb2.GetClusterCredentialsRequest.SerializeToString,
             raydist_dot_v1_dot_clusters__pb2.ClusterCredentials.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetNodeLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raydist.v1.ClusterService/GetNodeLogs',
+            raydist_dot_v1_dot_clusters__pb2.GetNodeLogsRequest.SerializeToString,
+            raydist_dot_v1_dot_clusters__pb2.NodeLogs.FromString,
             options,
             channel_credentials,
             insecure,

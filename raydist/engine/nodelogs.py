@@ -1,0 +1,157 @@
+"""A node's Ray logs: read where they live, carried over its link, kept at down.
+
+Ray writes a node's logs under its temp dir, on the executor's host, and
+raydist removes that dir when the node ends. So the supervisor reads them
+(:func:`read_logs`) when the driver asks over the link (``raydist logs NAME
+--node N``), and the driver asks each node once more at ``down``, before the
+dirs go, keeping what it gets under ``RAYDIST_HOME/logs/<cluster>/``
+(:func:`keep`), the oldest runs dropped first past :data:`KEEP_BYTES`.
+
+On the link the bytes travel base64-encoded in chunks well under the line
+limit (:data:`raydist.engine.wire.MAX_LINE`).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raydist.spec import NodeStatus
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CHUNK", "KEEP_BYTES", "NODE_BYTES", "LogFile", "chunks", "collect", "keep", "keep_run", "pick",
+           "read_logs"]
+
+#: Raw bytes per link message (base64 makes them 4/3 as many characters).
+CHUNK = 24 * 1024
+#: What one node sends at most, newest files first, unless asked for less.
+NODE_BYTES = 1 << 20
+#: What ``RAYDIST_HOME/logs`` keeps of collected runs; the oldest go first.
+KEEP_BYTES = 200 << 20
+
+LogFile = tuple[str, int, bytes]  # name, the file's size, the bytes sent (a tail, or from an offset)
+
+
+def _files(temp_dir: str) -> list[Path]:
+    """The node's log files, newest first: Ray's session logs and raydist's
+    own record of ``ray start``'s output."""
+    root = Path(temp_dir)
+    found = [p for p in (root / "session_latest" / "logs").glob("*") if p.is_file()]
+    found += [p for p in root.glob("raydist-*.log") if p.is_file()]
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def read_logs(temp_dir: str, *, max_bytes: int = NODE_BYTES, name: str = "", offset: int = 0) -> list[LogFile]:
+    """The node's log files (just ``name`` when given), newest first, each
+    from ``offset`` (or its tail, with ``offset`` 0 and more than fits), up
+    to ``max_bytes`` in all."""
+    out: list[LogFile] = []
+    budget = max(0, max_bytes)
+    for path in _files(temp_dir):
+        if name and path.name != name:
+            continue
+        try:
+            size = path.stat().st_size
+            with path.open("rb") as f:
+                start = offset if offset else max(0, size - budget)
+                f.seek(min(start, size))
+                data = f.read(budget)
+        except OSError:
+            continue
+        out.append((path.name, size, data))
+        budget -= len(data)
+        if budget <= 0:
+            break
+    return out
+
+
+def chunks(req: str, files: list[LogFile]) -> Iterator[dict[str, Any]]:
+    """Link messages for ``files``, answering request ``req``; the last says done."""
+    for name, size, data in files:
+        for at in range(0, max(len(data), 1), CHUNK):
+            yield {"type": "logs", "req": req, "name": name, "size": size,
+                   "data": base64.b64encode(data[at:at + CHUNK]).decode()}
+    yield {"type": "logs", "req": req, "done": True}
+
+
+def keep(root: Path, cluster: str, by_node: Mapping[str, list[LogFile]], *, limit: int = KEEP_BYTES) -> Path:
+    """Write each node's files under ``root/<cluster>/<time>/<node>/``; then
+    drop the oldest runs, any cluster's, until ``root`` holds ``limit`` bytes
+    or less (this run is kept whole). Returns this run's directory."""
+    run = root / cluster / time.strftime("%Y%m%d-%H%M%S")
+    for node, files in by_node.items():
+        where = run / node
+        where.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for name, _, data in files:
+            (where / os.path.basename(name)).write_bytes(data)
+    runs = sorted((d for c in root.iterdir() if c.is_dir() for d in c.iterdir() if d.is_dir()),
+                  key=lambda d: d.stat().st_mtime)
+    total = sum(_size(d) for d in runs)
+    for old in runs:
+        if total <= limit or old == run:
+            continue
+        total -= _size(old)
+        shutil.rmtree(old, ignore_errors=True)
+    return run
+
+
+def collect(links: Mapping[str, Any], timeout: float) -> dict[str, list[LogFile]]:
+    """Ask every linked node for its logs at once; what answered within
+    ``timeout`` seconds, by node key (a node that did not is left out)."""
+    import threading
+
+    got: dict[str, list[LogFile]] = {}
+
+    def ask(key: str, link: Any) -> None:
+        try:
+            got[key] = link.fetch_logs(timeout=timeout)
+        except (TimeoutError, OSError):
+            pass
+
+    threads = [threading.Thread(target=ask, args=item, daemon=True) for item in links.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout + 1)
+    return dict(got)
+
+
+def keep_run(root: Path, cluster: str, links: Mapping[str, Any], timeout: float = 5.0) -> Path | None:
+    """At teardown: every live node's logs (:func:`collect`) kept under
+    ``root`` (:func:`keep`); the run's directory, or None when no node
+    answered or nothing could be written."""
+    got = collect({k: link for k, link in links.items() if not link.closed.is_set()}, timeout=timeout)
+    if not got:
+        return None
+    try:
+        return keep(root, cluster, got)
+    except OSError as exc:
+        log.warning("cluster %s: could not keep its nodes' logs: %s", cluster, exc)
+        return None
+
+
+def pick(cluster: str, nodes: Sequence[NodeStatus], links: Mapping[str, Any], node: str) -> Any:
+    """The link of the node ``node`` names: its index in ``nodes``, its key,
+    or a prefix (4+ characters) of its Ray node id. ClusterNotReadyError
+    listing the nodes when none (or more than one) matches a live link."""
+    from raydist.errors import ClusterNotReadyError
+
+    match = [n for i, n in enumerate(nodes)
+             if node in (str(i), n.key) or (len(node) >= 4 and n.ray_node_id.startswith(node))]
+    link = links.get(match[0].key) if len(match) == 1 else None
+    if link is None or link.closed.is_set():
+        known = ", ".join(f"{i}={n.key}" for i, n in enumerate(nodes))
+        raise ClusterNotReadyError(f"cluster {cluster!r} has no running node {node!r} (its nodes: {known})")
+    return link
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
