@@ -4,6 +4,7 @@ as a subprocess, the Python client, Ray Client against what it starts."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -41,6 +42,7 @@ def test_cli_up_status_client_down(server: Server) -> None:
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         assert "ray://" in up.stdout and "raydist down demo" in up.stdout
+        assert re.search(r"demo is RUNNING with 2/2 workers after \d+ s", up.stdout), up.stdout
         status = server.cli("status", "demo", "-o", "json")
         info = json.loads(status.stdout)
         assert info["state"] == "RUNNING" and info["ready_workers"] == 2
