@@ -50,26 +50,35 @@ def _files(temp_dir: str) -> list[Path]:
 
 
 def read_logs(temp_dir: str, *, max_bytes: int = NODE_BYTES, name: str = "", offset: int = 0) -> list[LogFile]:
-    """The node's log files (just ``name`` when given), newest first, each
-    from ``offset`` (or its tail, with ``offset`` 0 and more than fits), up
-    to ``max_bytes`` in all."""
-    out: list[LogFile] = []
-    budget = max(0, max_bytes)
+    """The node's log files, newest first (just ``name`` when given), up to
+    ``max_bytes`` in all: every file is listed, small ones whole, and what is
+    left is shared evenly among the big ones, each giving its tail. With
+    ``offset`` each file is read from that byte on instead of its tail."""
+    found = []
     for path in _files(temp_dir):
         if name and path.name != name:
             continue
         try:
-            size = path.stat().st_size
+            found.append((path, path.stat().st_size))
+        except OSError:
+            continue
+    # Smallest first, each takes what it needs up to an even share of what is left.
+    share: dict[Path, int] = {}
+    left = max(0, max_bytes)
+    for i, (path, size) in enumerate(sorted(found, key=lambda f: f[1])):
+        want = size - min(offset, size) if offset else size
+        share[path] = min(want, left // (len(found) - i))
+        left -= share[path]
+    out: list[LogFile] = []
+    for path, size in found:
+        start = min(offset, size) if offset else size - share[path]
+        try:
             with path.open("rb") as f:
-                start = offset if offset else max(0, size - budget)
-                f.seek(min(start, size))
-                data = f.read(budget)
+                f.seek(start)
+                data = f.read(share[path])
         except OSError:
             continue
         out.append((path.name, size, data))
-        budget -= len(data)
-        if budget <= 0:
-            break
     return out
 
 

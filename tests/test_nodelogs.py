@@ -1,0 +1,51 @@
+"""What a node sends of its logs, and what the control plane keeps of them."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from raydist.engine.nodelogs import keep, read_logs
+
+
+def _node(tmp_path: Path, sizes: dict[str, int]) -> str:
+    logs = tmp_path / "session_latest" / "logs"
+    logs.mkdir(parents=True)
+    for i, (name, size) in enumerate(sizes.items()):
+        path = logs / name
+        path.write_bytes(bytes((j % 26) + 65 for j in range(size)))
+        os.utime(path, (time.time() - 100 + i, time.time() - 100 + i))  # later in the dict = newer
+    return str(tmp_path)
+
+
+def test_every_file_is_listed_small_ones_whole_and_the_total_bounded(tmp_path: Path) -> None:
+    temp = _node(tmp_path, {"huge.log": 500_000, "raylet.out": 3_000, "raylet.err": 0, "worker.err": 200_000})
+    files = read_logs(temp, max_bytes=100_000)
+    assert [f[0] for f in files] == ["worker.err", "raylet.err", "raylet.out", "huge.log"]  # newest first
+    by_name = {name: (size, data) for name, size, data in files}
+    assert len(by_name["raylet.out"][1]) == 3_000 and by_name["raylet.err"][1] == b""  # small ones whole
+    assert sum(len(d) for _, _, d in files) <= 100_000
+    # The big ones share what is left evenly, each its tail.
+    assert len(by_name["huge.log"][1]) == len(by_name["worker.err"][1]) == (100_000 - 3_000) // 2
+    whole = (tmp_path / "session_latest" / "logs" / "huge.log").read_bytes()
+    assert by_name["huge.log"] == (500_000, whole[-len(by_name["huge.log"][1]):])
+
+
+def test_one_file_from_an_offset(tmp_path: Path) -> None:
+    temp = _node(tmp_path, {"raylet.out": 1_000, "other.log": 50})
+    (name, size, data), = read_logs(temp, name="raylet.out", offset=990)
+    whole = (tmp_path / "session_latest" / "logs" / "raylet.out").read_bytes()
+    assert (name, size, data) == ("raylet.out", 1_000, whole[990:])
+    assert read_logs(temp, name="raylet.out", offset=5_000)[0][2] == b""  # past the end: nothing new
+    assert read_logs(temp, name="missing.log") == []
+
+
+def test_kept_runs_beyond_the_limit_go_oldest_first(tmp_path: Path) -> None:
+    root = tmp_path / "logs"
+    root.mkdir()
+    first = keep(root, "a", {"w0": [("raylet.out", 600, b"x" * 600)]}, limit=1_000)
+    os.utime(first, (time.time() - 60, time.time() - 60))
+    time.sleep(1.1)  # a run's directory is named by the second
+    second = keep(root, "b", {"head": [("gcs_server.out", 600, b"y" * 600)]}, limit=1_000)
+    assert not first.exists() and (second / "head" / "gcs_server.out").read_bytes() == b"y" * 600
