@@ -15,8 +15,11 @@ jobs of clusters with different tokens.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import shlex
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +56,8 @@ class Jobs:
 
         self.cluster = cluster
         headers = {"Authorization": f"Bearer {ray_token}"} if ray_token else {}
-        self._client = JobSubmissionClient(dashboard_url, headers=headers)
+        with _address_env_set_aside():
+            self._client = JobSubmissionClient(dashboard_url, headers=headers)
 
     def submit(self, entrypoint: str | Sequence[str], *, working_dir: str | None = None,
                pip: Sequence[str] = (), env: Mapping[str, str] | None = None,
@@ -119,6 +123,26 @@ class Jobs:
             time.sleep(0.5)
             info = self.info(job_id)
         return info
+
+
+#: Ray's Jobs SDK takes these over the address it is handed.
+_ADDRESS_ENV = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
+_ENV_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _address_env_set_aside() -> Iterator[None]:
+    """While the SDK resolves its address: it prefers ``RAY_ADDRESS`` (and
+    ``RAY_API_SERVER_ADDRESS``) to the dashboard it is given, so a process
+    connected to another cluster would send this cluster's jobs, and its
+    token, there. The SDK keeps the address it resolves; later calls do not
+    read the environment."""
+    with _ENV_LOCK:
+        saved = {key: os.environ.pop(key) for key in _ADDRESS_ENV if key in os.environ}
+        try:
+            yield
+        finally:
+            os.environ.update(saved)
 
 
 def _info(details: Any) -> JobInfo:

@@ -91,6 +91,8 @@ def test_python_api_submit(server: Server, workdir: Path, monkeypatch: pytest.Mo
     import raydist
 
     monkeypatch.setenv("RAYDIST_TOKEN", server.token)
+    # A process that points Ray at another cluster: the jobs still go to this one (and its token with them).
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
     cluster = raydist.attach("jobs", address=server.address)
     job_id = cluster.submit(["python", "job.py", "py"], working_dir=str(workdir))
     info = cluster.jobs().wait(job_id, timeout=120)

@@ -1,7 +1,16 @@
-"""Free TCP ports that cannot clash with Ray's own worker port range."""
+"""Free TCP ports that cannot clash with Ray's worker ports or the kernel's
+ephemeral ports.
+
+A port picked now is bound later, by another process (a GCS, a raylet). The
+kernel hands ports from its ephemeral range to every outgoing connection in
+the meantime, so a port from that range can be taken before the node binds
+it (a head's GCS then fails to start). Ports are picked between Ray's worker
+range and the ephemeral range when that gap is wide enough.
+"""
 
 from __future__ import annotations
 
+import random
 import socket
 
 from raydist.engine.sizing import RAY_WORKER_PORTS
@@ -17,6 +26,18 @@ def free_port(host: str = "127.0.0.1", avoid: set[int] | None = None) -> int:
     same port twice before it binds them.
     """
     avoid = avoid if avoid is not None else set()  # the caller's set, even empty: it learns each port
+    quiet = _quiet_ports()
+    for _ in range(200 if quiet else 0):
+        port = random.choice(quiet)
+        if port in avoid:
+            continue
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((host, port))
+        except OSError:
+            continue
+        avoid.add(port)
+        return port
     for _ in range(200):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
@@ -25,6 +46,20 @@ def free_port(host: str = "127.0.0.1", avoid: set[int] | None = None) -> int:
             avoid.add(port)
             return port
     raise OSError(f"no free port outside {RAY_WORKER_PORTS} on {host}")
+
+
+def _quiet_ports() -> range:
+    """Ports above Ray's worker range and outside the kernel's ephemeral
+    range (``ip_local_port_range``); empty when no gap of 1,000 is left."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        return range(0)
+    below = range(max(RAY_WORKER_PORTS.stop, 1024), low)
+    above = range(max(high + 1, RAY_WORKER_PORTS.stop), 65536)
+    best = max(below, above, key=len)
+    return best if len(best) >= 1000 else range(0)
 
 
 def preferred_or_free_port(host: str, preferred: int | None, avoid: set[int] | None = None) -> int:
