@@ -7,6 +7,7 @@ record as an event) and then talks to the cluster's Jobs API directly.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -17,7 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from raydist.jobs import JobInfo, Jobs
+from raydist.jobs import Jobs
 
 __all__ = ["HANDLERS", "add_parsers"]
 
@@ -105,14 +106,14 @@ def cmd_jobs(args: argparse.Namespace, client: Any, out: Console, err: Console) 
     if args.job_id:
         info = jobs.info(args.job_id)
         if args.output == "json":
-            out.print_json(json.dumps({**_as_dict(info), "logs": jobs.logs(args.job_id)}))
+            out.print_json(json.dumps({**dataclasses.asdict(info), "logs": jobs.logs(args.job_id)}))
         else:
             sys.stdout.write(jobs.logs(args.job_id))
             err.print(f"job {info.job_id}: {info.status}" + (f" ({info.message})" if info.message else ""))
         return 0
     listed = jobs.list()
     if args.output == "json":
-        out.print_json(json.dumps([_as_dict(j) for j in listed]))
+        out.print_json(json.dumps([dataclasses.asdict(j) for j in listed]))
         return 0
     if not listed:
         out.print(f"No jobs on {args.name}. Submit one with: raydist submit {args.name} -- python script.py")
@@ -135,11 +136,6 @@ def cmd_stop(args: argparse.Namespace, client: Any, out: Console, err: Console) 
     info = jobs.wait(args.job_id, timeout=30)
     out.print(f"job {args.job_id}: {info.status}")
     return 0
-
-
-def _as_dict(job: JobInfo) -> dict[str, Any]:
-    return {"job_id": job.job_id, "status": job.status, "entrypoint": job.entrypoint, "message": job.message,
-            "start_time": job.start_time, "end_time": job.end_time}
 
 
 HANDLERS: dict[str, Callable[[argparse.Namespace, Any, Console, Console], int]] = {

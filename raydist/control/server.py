@@ -33,7 +33,7 @@ from raydist.control.config import ServerConfig
 from raydist.control.manager import ClusterManager, _ts
 from raydist.control.status import code_for
 from raydist.control.store import Store
-from raydist.engine.slot import NodeCounters
+from raydist.engine.slot import START_BUCKETS, NodeCounters
 from raydist.errors import RaydistError
 from raydist.paths import hold_home, home, private_file, read_private
 
@@ -112,10 +112,6 @@ _KNOWN_METHODS = frozenset(
      "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"}
 
 
-#: Buckets of the node start-time histogram (seconds).
-_START_BUCKETS = (1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
-
-
 class _NodeCollector:
     """Each running cluster's worker-node history, read at scrape time from
     the engines that own it: starts, losses, restarts, start seconds."""
@@ -140,10 +136,8 @@ class _NodeCollector:
             families["starts"].add_metric([name], c.starts)
             families["losses"].add_metric([name], c.losses)
             families["restarts"].add_metric([name], c.restarts)
-            samples = list(c.start_seconds)
-            buckets = [(str(le), sum(1 for x in samples if x <= le)) for le in _START_BUCKETS]
-            buckets.append(("+Inf", len(samples)))
-            seconds.add_metric([name], buckets, sum_value=sum(samples))
+            buckets = [(str(le), n) for le, n in zip(START_BUCKETS, c.start_buckets, strict=True)]
+            seconds.add_metric([name], [*buckets, ("+Inf", c.starts)], sum_value=c.start_seconds_sum)
         yield from families.values()
         yield seconds
 

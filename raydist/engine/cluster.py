@@ -13,6 +13,7 @@ them one after the other.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -249,7 +250,7 @@ class RayCluster:
         """A copy of the worker nodes' history (starts, losses, restarts, start seconds), for metrics."""
         with self._lock:
             c = self._pool.counters
-            return NodeCounters(c.starts, c.losses, c.restarts, deque(c.start_seconds))
+            return dataclasses.replace(c, start_buckets=list(c.start_buckets))
 
     def events(self) -> list[tuple[float, str]]:
         """What happened to the cluster, oldest first (time, message)."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,21 +25,30 @@ HEALTHY_RUN_S = 60.0
 MAX_BACKOFF_S = 30.0
 
 
+#: Upper bounds (seconds) of the node start-time histogram's buckets.
+START_BUCKETS = (1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+
+
 @dataclass
 class NodeCounters:
     """A cluster's worker-node history, for its metrics: nodes that came up,
     nodes lost while the cluster wanted them, task reruns, and how long each
-    start took (from its supervisor's hello to Ray's "started"; the last
-    ``START_SAMPLES`` kept)."""
+    start took (from its supervisor's hello to Ray's "started"), as a
+    cumulative histogram over :data:`START_BUCKETS`."""
 
     starts: int = 0
     losses: int = 0
     restarts: int = 0
-    start_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=START_SAMPLES))
+    #: Starts that took at most each bound of START_BUCKETS, in its order.
+    start_buckets: list[int] = field(default_factory=lambda: [0] * len(START_BUCKETS))
+    start_seconds_sum: float = 0.0
 
-
-#: Start durations a cluster keeps for its histogram.
-START_SAMPLES = 10_000
+    def observe_start(self, seconds: float) -> None:
+        self.starts += 1
+        self.start_seconds_sum += seconds
+        for i, bound in enumerate(START_BUCKETS):
+            if seconds <= bound:
+                self.start_buckets[i] += 1
 
 
 @dataclass
@@ -101,8 +109,7 @@ class WorkerSlot:
             return f"worker {self.key} starting on {link.host}", ""
         if event == "started" and link is self.link:
             self.up, self.up_since = True, time.monotonic()
-            self.counters.starts += 1
-            self.counters.start_seconds.append(self.up_since - self.hello_at)
+            self.counters.observe_start(self.up_since - self.hello_at)
             return f"worker {self.key} up on {link.host} ({link.node_ip})", ""
         if event in ("stopped", "closed") and link is self.link and self.up:
             self.up = False
