@@ -24,6 +24,7 @@ __all__ = [
     "ClusterExistsError",
     "ClusterFailedError",
     "ClusterNotReadyError",
+    "ConnectionInUseError",
     "DataFormatError",
     "AuthenticationError",
     "ControlPlaneUnavailableError",
@@ -166,6 +167,27 @@ class ClusterFailedError(RaydistError, RuntimeError):
 class ClusterNotReadyError(RaydistError):
     """The cluster exists but is not in a state that allows this (no head yet,
     or gone); the message says which state and what to do."""
+
+
+class ConnectionInUseError(RaydistError):
+    """This process is connected to another Ray cluster, and Ray allows one
+    connection per process.
+
+    Attributes:
+        current: the GCS address this process is connected to.
+        wanted: the GCS address asked for.
+    """
+
+    def __init__(self, current: str, wanted: str) -> None:
+        self.current = current
+        self.wanted = wanted
+        super().__init__(
+            f"this process is connected to the Ray cluster at {current}, not {wanted}; Ray allows one "
+            "connection per process: call ray.shutdown() first, or use that cluster"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.__class__, (self.current, self.wanted))
 
 
 class DataFormatError(RaydistError, TypeError):

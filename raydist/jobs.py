@@ -15,11 +15,8 @@ jobs of clusters with different tokens.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import shlex
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,12 +49,9 @@ class Jobs:
                 f"cluster {cluster!r} runs without the Ray dashboard, which serves Ray Jobs: "
                 f"create it with the dashboard on (raydist up {cluster} --dashboard, or dashboard=True)"
             )
-        from ray.job_submission import JobSubmissionClient
-
         self.cluster = cluster
         headers = {"Authorization": f"Bearer {ray_token}"} if ray_token else {}
-        with _address_env_set_aside():
-            self._client = JobSubmissionClient(dashboard_url, headers=headers)
+        self._client = _client_for(dashboard_url, headers)
 
     def submit(self, entrypoint: str | Sequence[str], *, working_dir: str | None = None,
                pip: Sequence[str] = (), env: Mapping[str, str] | None = None,
@@ -125,24 +119,26 @@ class Jobs:
         return info
 
 
-#: Ray's Jobs SDK takes these over the address it is handed.
-_ADDRESS_ENV = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
-_ENV_LOCK = threading.Lock()
+def _client_for(dashboard_url: str, headers: dict[str, str]) -> Any:
+    """Ray's Jobs SDK client for exactly this dashboard.
 
+    ``JobSubmissionClient(address)`` prefers ``RAY_API_SERVER_ADDRESS`` and
+    ``RAY_ADDRESS`` to the address it is handed, so in a process whose
+    default is another cluster it would send this cluster's jobs, and its
+    token, there. This client skips that one step: it is the SDK's own
+    client, set up by the SDK's base class from the address given, then
+    checked as the SDK checks it."""
+    import ray
+    from ray.dashboard.modules.dashboard_sdk import SubmissionClient
+    from ray.job_submission import JobSubmissionClient
 
-@contextlib.contextmanager
-def _address_env_set_aside() -> Iterator[None]:
-    """While the SDK resolves its address: it prefers ``RAY_ADDRESS`` (and
-    ``RAY_API_SERVER_ADDRESS``) to the dashboard it is given, so a process
-    connected to another cluster would send this cluster's jobs, and its
-    token, there. The SDK keeps the address it resolves; later calls do not
-    read the environment."""
-    with _ENV_LOCK:
-        saved = {key: os.environ.pop(key) for key in _ADDRESS_ENV if key in os.environ}
-        try:
-            yield
-        finally:
-            os.environ.update(saved)
+    class _ClusterJobsClient(JobSubmissionClient):
+        def __init__(self) -> None:  # noqa: D107 - see _client_for
+            self._client_ray_version = ray.__version__
+            SubmissionClient.__init__(self, address=dashboard_url, headers=headers)
+            self._check_connection_and_version(min_version="1.9")
+
+    return _ClusterJobsClient()
 
 
 def _info(details: Any) -> JobInfo:

@@ -99,6 +99,12 @@ class TorchDistributor:
     def _fit(self, job: Callable[[], Any]) -> Any:
         """Run ``job()`` in every process with torchrun's environment set;
         rank 0's return value."""
+        from raydist.train._signals import keyboard_interrupts
+
+        with keyboard_interrupts():
+            return self._fit_where(job)
+
+    def _fit_where(self, job: Callable[[], Any]) -> Any:
         from raydist.train.session import training_session
 
         session = training_session()
@@ -118,13 +124,13 @@ class TorchDistributor:
         with session.connected(
             self.cluster, workers=self.num_processes, cpus_per_worker=1, use_gpu=False, keep_warm_s=self.keep_warm_s
         ):
-            run = session.warm_run(
+            return session.run_warm(
+                job,
                 workers=self.num_processes,
                 resources_per_worker={"CPU": 1},
                 max_failures=self.max_failures,
                 keep_alive_s=self.keep_warm_s,
             )
-            return run.run(job)
 
     def _fit_fresh(self, job: Callable[[], Any]) -> Any:
         from ray.train import FailureConfig, RunConfig

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from raydist.control.client import Client
-from raydist.engine.auth import ProcessEnv, RayToken
+from raydist.engine.auth import RayToken
+from raydist.engine.connection import process_ray
 from raydist.errors import ClusterFailedError
 from raydist.jobs import Jobs
 from raydist.spec import ClusterSpec, ClusterStatus, NodeStatus, State
@@ -28,7 +29,6 @@ class RemoteCluster:
         self.address = ""
         self.client_address = ""
         self.dashboard_url = ""
-        self._process_env: ProcessEnv | None = None
 
     @property
     def name(self) -> str:
@@ -92,22 +92,24 @@ class RemoteCluster:
     def connect(self, **init_kwargs: Any) -> Any:
         """``ray.init`` against this cluster over Ray Client, with its token;
         works from any host that reaches the control plane and the head's
-        client port."""
-        import ray
-
+        client port. The token is this connection's alone: nothing of it
+        stays in this process's environment."""
         creds = self._client.credentials(self.name)
-        self._process_env = ProcessEnv(RayToken(creds.ray_token))
-        self._process_env.set({})
-        return ray.init(creds.client_address, **init_kwargs)
+        self.address = creds.address
+        return process_ray().connect(creds.address, RayToken(creds.ray_token), target=creds.client_address,
+                                     **init_kwargs)
 
     def down(self) -> None:
-        import ray
+        """Delete the cluster; this process disconnects from it first."""
+        if not self.address:  # a handle from attach(): which GCS a connection here would reach
+            from raydist.errors import RPCError
 
-        if self._process_env is not None:
-            if ray.is_initialized():
-                ray.shutdown()
-            self._process_env.restore()
-            self._process_env = None
+            try:
+                self._update(self._client.get(self.name))
+            except RPCError as exc:
+                if exc.code != "NOT_FOUND":
+                    raise
+        process_ray().cluster_gone(self, self.address)
         self._client.delete(self.name, allow_missing=True)
 
     def __enter__(self) -> RemoteCluster:

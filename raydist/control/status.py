@@ -19,6 +19,7 @@ CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (errors.AuthenticationError, grpc.StatusCode.UNAUTHENTICATED),
     (errors.ClusterFailedError, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.ClusterNotReadyError, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.ConnectionInUseError, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.DataFormatError, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.ControlPlaneUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (errors.RaydistError, grpc.StatusCode.INTERNAL),

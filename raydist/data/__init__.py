@@ -141,11 +141,13 @@ def _check_free_slot(spark: Any) -> None:
 def _connect(cluster: Any) -> None:
     import ray
 
+    from raydist.engine.connection import connected_address, process_ray, same_address
+
     if cluster is not None:
-        if not ray.is_initialized() or ray.get_runtime_context().gcs_address != cluster.address:
-            if ray.is_initialized():
-                ray.shutdown()
-            cluster.connect()
+        current = connected_address()
+        if current is not None and not same_address(current, cluster.address):
+            process_ray().disconnect()  # the data goes to the cluster named
+        cluster.connect()
     elif not ray.is_initialized():
         ray.init()  # RAY_ADDRESS (raydist.up exports it), or a ValueError saying there is no cluster
 

@@ -83,9 +83,11 @@ class NodeLink:
     closed: threading.Event = field(default_factory=threading.Event)
     _log_requests: dict[str, dict[str, Any]] = field(default_factory=dict)  # fetch_logs calls waiting
 
-    def stop(self) -> None:
-        """Ask the supervisor to tear its node down now."""
-        self.tell({"cmd": "stop"})
+    def stop(self, *, hard: bool = False) -> None:
+        """Ask the supervisor to tear its node down now; ``hard``: kill its
+        Ray processes at once, without Ray's graceful stop (the whole
+        cluster goes: nothing is left for a node to drain to)."""
+        self.tell({"cmd": "stop", "hard": True} if hard else {"cmd": "stop"})
 
     def fetch_logs(self, *, max_bytes: int = NODE_BYTES, name: str = "", offset: int = 0,
                    timeout: float = 10.0) -> list[LogFile]:
@@ -170,14 +172,15 @@ class NodeChannel:
         with self._lock:
             return dict(self._links)
 
-    def stop_all(self) -> None:
-        """Tell every node to stop, and every node that connects from now on."""
+    def stop_all(self, *, hard: bool = False) -> None:
+        """Tell every node to stop (``hard``: see :meth:`NodeLink.stop`),
+        and every node that connects from now on."""
         with self._lock:
             self._stopped = True
             links = list(self._links.values())
             self._resumed.notify_all()  # a broken link is not waited for any more
         for link in links:
-            link.stop()
+            link.stop(hard=hard)
 
     def close(self) -> None:
         """Stop accepting and drop every connection (supervisors then stop their nodes)."""

@@ -18,7 +18,6 @@ import logging
 import os
 import secrets
 import shutil
-import sys
 import threading
 import time
 from collections import deque
@@ -27,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from raydist.engine import nodelogs
 from raydist.engine import spark as spark_side
-from raydist.engine.auth import ProcessEnv, RayToken, load_or_create_token
+from raydist.engine.auth import RayToken, load_or_create_token
 from raydist.engine.channel import NodeChannel, NodeLink
+from raydist.engine.connection import process_ray
 from raydist.engine.head import Head
 from raydist.engine.launch import HEAD_KEY, HEAD_PORTS, node_plans, route_ip
 from raydist.engine.outbox import Outbox
@@ -37,6 +37,7 @@ from raydist.engine.procs import wait_processes_gone
 from raydist.engine.scaler import Scaler, elastic
 from raydist.engine.slot import NodeCounters, WorkerPool, WorkerSlot
 from raydist.engine.spark_jobs import WorkerJobs
+from raydist.engine.threads import spawn
 from raydist.errors import ClusterFailedError, NodeStartTimeoutError
 from raydist.jobs import Jobs
 from raydist.paths import logs_dir
@@ -112,7 +113,6 @@ class RayCluster:
         self.client_address = ""
         self.dashboard_url = ""
         self._deadline = time.monotonic() + spec.start_timeout_s
-        self._process_env = ProcessEnv(self._token)  # what connect/export_env set here; put back at down()
 
     # ------------------------------------------------------------------ API
 
@@ -157,16 +157,16 @@ class RayCluster:
         ``ray.util.spark.setup_ray_cluster`` does: ``RAY_ADDRESS`` and the
         token go into ``os.environ``, so ``ray.init()``, ``ray.init(address)``,
         ``ray.init(client_address)`` and subprocesses started later all reach
-        it with no other call. ``down()`` puts back what was there before."""
-        self._process_env.set({"RAY_ADDRESS": self.address})
-
+        it with no other call. The newest cluster still up is the default;
+        when the last goes, the environment is what it was before
+        (:mod:`raydist.engine.connection`)."""
+        process_ray().make_default(self, self.env())
 
     def connect(self, **init_kwargs: Any) -> Any:
-        """``ray.init`` against this cluster from this process."""
-        import ray
-
-        self._process_env.set({})
-        return ray.init(address=self.address, **init_kwargs)
+        """``ray.init`` against this cluster from this process, with its
+        token (nothing to do when connected to it already). ``down()``
+        disconnects first."""
+        return process_ray().connect(self.address, self._token, **init_kwargs)
 
     def start(self) -> RayCluster:
         """Start the head and the workers; return once ``min_workers`` are up.
@@ -280,8 +280,9 @@ class RayCluster:
             if self._state == State.DELETED:
                 return
             failed = self._state == State.FAILED
-        self._disconnect_this_process()
-        self._process_env.restore()
+        # This process lets go of the cluster before its nodes stop: Ray's
+        # core worker would otherwise dial the dead GCS, then end the process.
+        process_ray().cluster_gone(self, self.address)
         with self._lock:
             self._stopping.set()
             if not failed:
@@ -294,7 +295,10 @@ class RayCluster:
             # Before the nodes stop and their temp dirs go.
             if (kept := nodelogs.keep_run(logs_dir(), self.name, channel.links())) is not None:
                 self._record(f"nodes' logs kept in {kept}")
-            channel.stop_all()
+            # The whole cluster goes, this process disconnected already: no
+            # node has anything left to drain, so none waits for Ray's
+            # graceful stop (the Spark slots come back at once).
+            channel.stop_all(hard=True)
         self._head.wait_stopped(deadline)
         if channel is not None:
             for link in channel.links().values():
@@ -335,15 +339,6 @@ class RayCluster:
             links = self._channel.links() if self._channel is not None else {}
         link = nodelogs.pick(self.name, nodes, links, node)
         return link.key, link.fetch_logs(name=name, offset=offset, max_bytes=max_bytes)
-
-    def _disconnect_this_process(self) -> None:
-        """Close this process's Ray connection to the cluster before its nodes go."""
-        if "ray" not in sys.modules or not self.address:
-            return
-        import ray
-
-        if ray.is_initialized() and ray.get_runtime_context().gcs_address == self.address:
-            ray.shutdown()
 
     def __enter__(self) -> RayCluster:
         return self
@@ -403,7 +398,7 @@ class RayCluster:
             where = "Spark task" if self._head.in_task else "node"
             tail = " | ".join(self._head.tail()[-3:])
             self._set_state(State.FAILED, f"the head's {where} ended: {reason}" + (f": {tail}" if tail else ""))
-        threading.Thread(target=self.down, daemon=True, name=f"raydist-{self.name}-failed").start()
+        spawn(self.down, name=f"raydist-{self.name}-failed")
 
     def resize(self, workers: int | None = None, *, min_workers: int | None = None,
                max_workers: int | None = None, idle_timeout_s: float | None = None) -> None:
@@ -455,7 +450,7 @@ class RayCluster:
                 # Nothing can run its Spark jobs again: the cluster ends here.
                 if not self._stopping.is_set() and self._state != State.FAILED:
                     self._set_state(State.FAILED, "its SparkSession was stopped")
-                    threading.Thread(target=self.down, daemon=True, name=f"raydist-{self.name}-failed").start()
+                    spawn(self.down, name=f"raydist-{self.name}-failed")
                 return False
             if "No module named 'raydist'" in reason or "No module named 'ray'" in reason:
                 # Resubmitting cannot help: the executors' Python lacks raydist.
@@ -507,7 +502,7 @@ class RayCluster:
             self._head.up = False
             self._set_state(State.FAILED, "the head node stopped: " + " | ".join(self._head.tail()[-3:]))
             # The workers cannot outlive their GCS; tear them down off this thread.
-            threading.Thread(target=self.down, daemon=True, name=f"raydist-{self.name}-failed").start()
+            spawn(self.down, name=f"raydist-{self.name}-failed")
 
     def _refresh_state(self, reason: str = "") -> None:
         """Derive RUNNING/DEGRADED from the nodes (called with the lock held)."""

@@ -18,12 +18,13 @@ import time
 
 import psutil
 
-__all__ = ["become_subreaper", "core_died", "die_with_parent", "kill_descendants", "start_sentinel",
+__all__ = ["KILL_GRACE_S", "become_subreaper", "core_died", "die_with_parent", "kill_descendants", "start_sentinel",
            "watched_alive"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
-_GRACE_S = 1.5
+#: How long Ray's processes get between SIGTERM and SIGKILL when a node stops.
+KILL_GRACE_S = 1.5
 
 
 def become_subreaper() -> None:
@@ -69,7 +70,7 @@ def start_sentinel(temp_dir: str) -> int:
             signal.signal(sig, signal.SIG_IGN)
         while os.read(read_end, 1):
             pass
-        _end_session(os.getsid(0), grace_s=_GRACE_S * 2)
+        _end_session(os.getsid(0), grace_s=KILL_GRACE_S * 2)
         if temp_dir:
             shutil.rmtree(temp_dir, ignore_errors=True)
     finally:
@@ -144,7 +145,7 @@ def _signal_each(procs: list[psutil.Process], *, kill: bool) -> None:
             pass
 
 
-def kill_descendants(grace_s: float = _GRACE_S) -> int:
+def kill_descendants(grace_s: float = KILL_GRACE_S) -> int:
     """SIGTERM every descendant, SIGKILL what is left after ``grace_s``, reap
     them all; repeat for anything that appeared meanwhile. Returns how many
     processes were ended."""

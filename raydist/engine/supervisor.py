@@ -49,6 +49,7 @@ from raydist.engine.reaper import (
     become_subreaper,
     core_died,
     die_with_parent,
+    KILL_GRACE_S,
     kill_descendants,
     start_sentinel,
     watched_alive,
@@ -114,6 +115,9 @@ class Supervisor:
         #: What was said while the link was broken, sent when it resumes.
         self.unsent: deque[dict[str, Any]] = deque(maxlen=2000)
         self.grace_s = float(cfg.get("grace_s", RECONNECT_GRACE_S))
+        #: How long Ray's processes get after SIGTERM at the end (0: the
+        #: driver tears the whole cluster down, so no graceful stop is owed).
+        self.kill_grace_s = KILL_GRACE_S
         self.idle_s = float(cfg.get("idle_s", IDLE_S))
         self.heartbeat_s = float(cfg.get("heartbeat_s", HEARTBEAT_S))
 
@@ -192,6 +196,8 @@ class Supervisor:
                 while True:
                     msg = reader.read()
                     if msg.get("cmd") == "stop":
+                        if msg.get("hard"):
+                            self.kill_grace_s = 0.0
                         self.request_stop("stopped by the driver")
                         return
                     if msg.get("cmd") == "logs":
@@ -364,7 +370,7 @@ class Supervisor:
             self.log(f"raydist supervisor error: {exc!r}")
             code = 2
         finally:
-            kill_descendants()
+            kill_descendants(self.kill_grace_s)
             temp_dir = self.cfg.get("temp_dir")
             if temp_dir:
                 # The node's Ray session (logs, sockets, spilled objects): on an

@@ -12,9 +12,11 @@ __all__ = ["Facade", "fit_ready"]
 
 def fit_ready(trainer: Any) -> Any:
     """Adapt a Ray Train trainer to the cluster this process is connected to,
-    just before ``fit``; returns it. Leaves out two of Ray Train V2's default
-    helpers where they can do nothing, each a Python process of its own (on
-    a small host, a second of CPU each at the start of every run):
+    just before ``fit``; returns it. Ctrl-C aborts the run and raises
+    KeyboardInterrupt at once (:mod:`raydist.train._signals`). Leaves out two
+    of Ray Train V2's default helpers where they can do nothing, each a
+    Python process of its own (on a small host, a second of CPU each at the
+    start of every run):
 
     - the datasets helper (``DatasetsCallback``), when the trainer has no
       datasets: it starts a dataset-manager actor, and Ray Data's autoscaling
@@ -30,6 +32,9 @@ def fit_ready(trainer: Any) -> Any:
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 
+    from raydist.train._signals import abort_on_interrupt
+
+    abort_on_interrupt(trainer)
     node = getattr(ray_worker, "_global_node", None)
     idle: list[type] = []
     if node is not None and not getattr(node, "webui_url", None):
@@ -151,12 +156,13 @@ class Facade:
     def fit(self) -> Any:
         """Train on the cluster; returns Ray Train's ``Result``
         (``.metrics``, ``.checkpoint``, ``.return_value`` of rank 0)."""
+        from raydist.train._signals import keyboard_interrupts
         from raydist.train.session import training_session
 
         session = training_session()
         session.release_warm()  # warm workers of this process would hold the CPUs this fit needs
         cpus = int(self.resources_per_worker.get("CPU", 1) or 0)
-        with session.connected(
+        with keyboard_interrupts(), session.connected(
             self.cluster, workers=self.workers, cpus_per_worker=cpus, use_gpu=self.use_gpu, keep_warm_s=self.keep_warm_s
         ):
             return fit_ready(self.build()).fit()

@@ -110,8 +110,8 @@ class JobBoard:
 
     async def get_rendezvous(self, generation: int, seq: int) -> tuple[str, int] | None:
         while (generation, seq) not in self.rendezvous:
-            if self.stopped or generation != self.generation:
-                return None
+            if self.stopped or generation != self.generation or self.job is None or self.job[0] != seq:
+                return None  # the run ends, the group was replaced, or the job was cancelled
             await self._changes(60.0)
         return self.rendezvous[(generation, seq)]
 
@@ -157,6 +157,13 @@ class JobBoard:
             if left <= 0:
                 return (PENDING, None)
             await self._changes(left)
+
+    async def cancel(self, seq: int) -> None:
+        """The driver gave up on job ``seq`` (interrupted): every worker
+        drops it (its forked child is killed) and waits for the next one."""
+        if self.job is not None and self.job[0] == seq:
+            self._finish()
+            await self._notify()
 
     def _finish(self) -> None:
         self.job = None

@@ -1,25 +1,77 @@
-"""Environment variables set for the length of a block, then put back."""
+"""Settings for the runs raydist starts, and environment for code run here.
+
+Ray Train V2 hands a run's controller, and through it the workers, the
+``RAY_TRAIN_*`` variables the driver's environment holds when the run starts.
+raydist's own choices for its runs (a faster health-check poll, no
+preemption watcher) take that same road, but from the context of the thread
+that starts the run (:func:`run_settings`), never from ``os.environ``: two
+threads starting runs at once, and a user's own Ray Train run beside them,
+each get exactly their own settings. A variable the user set in the
+environment wins over raydist's choice.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
+import threading
+import types
 from collections.abc import Iterator, Mapping
+from typing import Any
+
+__all__ = ["run_settings", "scoped_env"]
+
+_NONE: Mapping[str, str] = types.MappingProxyType({})
+_settings: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar("raydist_run_settings", default=_NONE)
+_installed = threading.Lock()
+_done = False
 
 
 @contextlib.contextmanager
-def scoped_env(values: Mapping[str, str], *, keep_existing: bool = False) -> Iterator[None]:
-    """Set ``values`` in ``os.environ`` for the block; afterwards each
-    variable is back to what it was (or unset). With ``keep_existing`` a
-    variable the user already set keeps the user's value.
+def run_settings(values: Mapping[str, str]) -> Iterator[None]:
+    """Give the Ray Train runs this thread starts in the block ``values``
+    (``RAY_TRAIN_*`` variables), on top of the settings already in force.
+    A thread the block starts gets them when it runs in a copy of this
+    context (``contextvars.copy_context().run``)."""
+    _install()
+    token = _settings.set({**_settings.get(), **values})
+    try:
+        yield
+    finally:
+        _settings.reset(token)
 
-    Ray Train reads some settings (``RAY_TRAIN_*``) from the driver's
-    environment when a run's controller starts; this scopes raydist's
-    choices to the runs it starts."""
+
+def _install() -> None:
+    """Have Ray Train add this context's settings to what it propagates to a
+    run's controller (once per process; with no settings in force, Ray
+    Train's behaviour is unchanged)."""
+    global _done
+    with _installed:
+        if _done:
+            return
+        from ray.train.v2.api import data_parallel_trainer as dpt
+
+        original = dpt.get_env_vars_to_propagate
+
+        def get_env_vars_to_propagate() -> dict[str, Any]:
+            env = original()  # the variables the user set
+            for key, value in _settings.get().items():
+                env.setdefault(key, value)
+            return env
+
+        dpt.get_env_vars_to_propagate = get_env_vars_to_propagate
+        _done = True
+
+
+@contextlib.contextmanager
+def scoped_env(values: Mapping[str, str]) -> Iterator[None]:
+    """Set ``values`` in ``os.environ`` for the block, then put back what was
+    there. Only for code that runs in this process, on the caller's thread,
+    where the original sets the environment the same way
+    (``MirroredStrategyRunner``'s local mode hides GPUs so)."""
     saved = {key: os.environ.get(key) for key in values}
-    for key, value in values.items():
-        if not (keep_existing and saved[key] is not None):
-            os.environ[key] = value
+    os.environ.update(values)
     try:
         yield
     finally:

@@ -148,6 +148,7 @@ class ResidentRun:
         self._board: Any = None
         self._thread: threading.Thread | None = None
         self._fit_error: BaseException | None = None
+        self._abandoned = False
         self._lock = threading.Lock()
 
     @property
@@ -158,6 +159,7 @@ class ResidentRun:
         """Start the Ray Train run in a background thread; returns once its
         workers are up (or the run ended, or ``timeout_s`` passed: then the
         first ``run`` reports what happened)."""
+        import contextvars
         import time
 
         import ray
@@ -166,7 +168,7 @@ class ResidentRun:
 
         from raydist.train._base import fit_ready
         from raydist.train._board import board_actor
-        from raydist.train._env import scoped_env
+        from raydist.train._env import run_settings
 
         self._board = board_actor(self.keep_alive_s)
         trainer = fit_ready(TorchTrainer(
@@ -181,17 +183,19 @@ class ResidentRun:
                 worker_runtime_env=TORCHRUN_PRIORITY_ENV,
             ),
         ))
-        # Ray Train reads this when the run's controller starts.
-        with scoped_env(_IDLE_HEALTH_CHECK):
-            self._thread = threading.Thread(target=self._fit, args=(trainer,), name="raydist-resident", daemon=True)
-            self._thread.start()
-            started = time.monotonic()
-            deadline = started + timeout_s
-            while self.alive and time.monotonic() < deadline:
-                if ray.get(self._board.ready.remote()):
-                    log.info("warm run of %d workers ready in %.1f s", self.workers, time.monotonic() - started)
-                    break
-                time.sleep(0.2)
+        # The run's controller gets its settings from the context the run starts in.
+        with run_settings(_IDLE_HEALTH_CHECK):
+            context = contextvars.copy_context()
+        self._thread = threading.Thread(target=context.run, args=(self._fit, trainer), name="raydist-resident",
+                                        daemon=True)
+        self._thread.start()
+        started = time.monotonic()
+        deadline = started + timeout_s
+        while self.alive and time.monotonic() < deadline:
+            if ray.get(self._board.ready.remote()):
+                log.info("warm run of %d workers ready in %.1f s", self.workers, time.monotonic() - started)
+                break
+            time.sleep(0.2)
 
     def _fit(self, trainer: Any) -> None:
         try:
@@ -200,33 +204,67 @@ class ResidentRun:
             self._fit_error = e
 
     def run(self, job: Callable[[], Any]) -> Any:
-        """Run ``job()`` on every worker; rank 0's return value."""
+        """Run ``job()`` on every worker; rank 0's return value. Interrupted
+        here (Ctrl-C), the workers drop the job and stay warm."""
         import ray
         from ray import cloudpickle
 
         with self._lock:
-            if not self.alive:
+            board = self._board
+            if board is None or not self.alive:
                 raise ClusterFailedError("the resident training run has ended; start a new one")
-            seq = ray.get(self._board.submit.remote(cloudpickle.dumps(job)))
-            while True:
-                state, value = ray.get(self._board.wait.remote(seq, _POLL_S))
-                if state == "ok":
-                    return cloudpickle.loads(value)
-                if state == "error":
-                    rank, payload = value
-                    if not payload:
-                        raise ClusterFailedError("the resident training run lost its job")
-                    error, text = cloudpickle.loads(payload)
-                    error.add_note(f"raised by training worker rank {rank}; its traceback:\n{text}")
-                    raise error
-                if not self.alive:
-                    raise ClusterFailedError(f"the training run ended before the job finished: {self._ended_why()}")
+            seq = ray.get(board.submit.remote(cloudpickle.dumps(job)))
+            try:
+                return self._wait(board, seq)
+            except BaseException as e:
+                if self._abandoned:
+                    # Ray raises SystemExit in a thread waiting on a connection
+                    # another thread closes: the run's cluster went under it.
+                    raise ClusterFailedError("the training run's cluster was torn down during the job") from e
+                self._cancel(board, seq)
+                raise
+
+    def _cancel(self, board: Any, seq: int) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            return
+        try:
+            ray.get(board.cancel.remote(seq), timeout=10)
+        except Exception as e:  # noqa: BLE001 - the run or the connection is gone already
+            log.debug("cancelling job %d: %s", seq, e)
+
+    def _wait(self, board: Any, seq: int) -> Any:
+        import ray
+        from ray import cloudpickle
+
+        while True:
+            state, value = ray.get(board.wait.remote(seq, _POLL_S))
+            if state == "ok":
+                return cloudpickle.loads(value)
+            if state == "error":
+                rank, payload = value
+                if not payload:
+                    raise ClusterFailedError("the resident training run lost its job")
+                error, text = cloudpickle.loads(payload)
+                error.add_note(f"raised by training worker rank {rank}; its traceback:\n{text}")
+                raise error
+            if not self.alive:
+                raise ClusterFailedError(f"the training run ended before the job finished: {self._ended_why()}")
 
     def _ended_why(self) -> str:
         if self._fit_error is not None:
             return f"{type(self._fit_error).__name__}: {self._fit_error}"
         error = getattr(self.result, "error", None)
         return f"{type(error).__name__}: {error}" if error is not None else "it stopped"
+
+    def abandon(self) -> None:
+        """Let go of the run without waiting for it, because this process is
+        about to disconnect from its cluster: the run's actors belong to this
+        driver and end with its connection. A job waiting here then raises
+        ClusterFailedError."""
+        self._abandoned = True
+        self._board = None
 
     def close(self, *, timeout: float = 30.0) -> None:
         """End the run: idle workers return at once; workers that do not

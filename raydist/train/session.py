@@ -6,41 +6,51 @@ outlives one run:
 
 - the *session cluster*: a raydist cluster on the active SparkSession (the
   user's own, else the embedded one), started by the first run that names no
-  cluster and finds no ``RAY_ADDRESS``, grown when a later run needs more, and
-  torn down after ``keep_warm_s`` without a run, at once when other Spark jobs
-  wait for the task slots it holds, when its SparkSession stops, or at exit;
+  cluster and finds no ``RAY_ADDRESS``, grown or replaced when a later run
+  needs more, and retired when it has idled ``keep_warm_s``, when other Spark
+  jobs wait for its task slots, when its SparkSession stops, or at exit. The
+  decisions are the pure rules of :mod:`raydist.train.session_rules`;
 - the warm Ray Train run (:class:`~raydist.train.resident.ResidentRun`) on the
   cluster this process is connected to: one at a time, since its workers hold
   the CPUs a different run would need;
 - the local forker (:class:`~raydist.train.local.LocalRun`) for runs on this
   machine (``local_mode=True``).
 
-State changes go through this object. Its lock guards its fields only and is
-never held while calling out (Ray, Spark, a cluster's ``down``); starting and
-stopping the session cluster are serialized by a second lock that is always
-taken first. One background thread (the reaper) runs while a session cluster
-exists.
+Runs *lease* what they use: a session cluster with runs on it is never torn
+down or replaced (a run that needs other nodes waits for them to end), and a
+warm run serves one job at a time (another thread's job waits its turn).
+Each session cluster has exactly one reaper thread, which ends with it.
+
+Locks: ``_lifecycle`` serializes starting, growing and retiring session
+clusters and is always taken first; ``_lock`` guards the fields and is never
+held while calling out (Ray, Spark, a cluster's ``down``). Disconnecting this
+process from a cluster that goes is :mod:`raydist.engine.connection`'s job.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from raydist.errors import TrainingConfigError
+from raydist.engine.connection import connected_address, process_ray, same_address
+from raydist.engine.threads import spawn
+from raydist.errors import ClusterFailedError, ConnectionInUseError, NodeStartTimeoutError, TrainingConfigError
 from raydist.spec import State
+from raydist.train.session_rules import IdleStep, Observed, RunStep, Shape, for_run, while_idle
 
 if TYPE_CHECKING:
     from raydist.engine.cluster import RayCluster
     from raydist.train.local import LocalRun
     from raydist.train.resident import ResidentRun
 
-__all__ = ["TrainingSession", "training_session", "DEFAULT_KEEP_WARM_S"]
+__all__ = ["TrainingSession", "training_session", "DEFAULT_KEEP_WARM_S", "RUN_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +58,37 @@ log = logging.getLogger(__name__)
 #: after the last run, unless the run asked otherwise.
 DEFAULT_KEEP_WARM_S = 120.0
 #: Ray Train settings for the runs raydist starts, unless the user set them
-#: (Ray Train reads them from the driver's environment). ``report()`` waits
-#: on the controller's health-check poll, 2 s by default: raydist polls at
-#: 0.2 s. The preemption watcher (one more actor process per run) reads the
-#: drain notices a cloud provider gives Ray's nodes; raydist's nodes are Spark
-#: tasks, which get none.
+#: (see :mod:`raydist.train._env`). ``report()`` waits on the controller's
+#: health-check poll, 2 s by default: raydist polls at 0.2 s. The preemption
+#: watcher (one more actor process per run) reads the drain notices a cloud
+#: provider gives Ray's nodes; raydist's nodes are Spark tasks, which get none.
 RUN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
-_REAP_EVERY_S = 1.0
+#: How often the reaper looks at an idle session cluster and Spark's waiting tasks.
+_REAP_EVERY_S = 0.2
 
-#: Polls in a row that must see other Spark work waiting before an idle
-#: session cluster gives its slots back (one poll may catch a job's tasks
-#: in the instant before they launch).
-_WAITING_POLLS = 2
+
+@dataclass(eq=False)
+class _Held:
+    """One session cluster and what its life depends on."""
+
+    cluster: RayCluster
+    shape: Shape
+    runs: int = 0
+    idle_since: float = field(default_factory=time.monotonic)
+    spark_waiting_since: float | None = None
+    #: What a run on it raises when it ends under the run (it did not come
+    #: up, or its SparkSession stopped): the reason, not Ray's symptom.
+    failure: BaseException | None = None
+    gone: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(eq=False)
+class _Warm:
+    """The warm run, its settings, and whether a job is on it now."""
+
+    key: tuple[Any, ...]
+    run: ResidentRun
+    in_use: bool = True
 
 
 class TrainingSession:
@@ -67,24 +96,22 @@ class TrainingSession:
     module docstring). Get it with :func:`training_session`."""
 
     def __init__(self) -> None:
+        self._lifecycle = threading.Lock()  # starting, growing, retiring session clusters; taken first
         self._lock = threading.Lock()  # guards the fields below; never held while calling out
-        self._lifecycle = threading.Lock()  # serializes session-cluster start and teardown; taken first
-        self._cluster: RayCluster | None = None
-        self._busy = 0
-        self._idle_since = time.monotonic()
+        self._changed = threading.Condition(self._lock)
+        self._held: _Held | None = None
         self._keep_warm_s = DEFAULT_KEEP_WARM_S
-        self._warm: tuple[tuple[Any, ...], ResidentRun] | None = None
+        self._warm: _Warm | None = None
         self._local: LocalRun | None = None
-        self._start_errors: dict[str, BaseException] = {}
-        self._reaper: threading.Thread | None = None
-        self._closed = False
+        process_ray().before_disconnect(self._before_disconnect)
 
     # ----------------------------------------------------------- clusters
 
     @property
     def cluster(self) -> RayCluster | None:
-        """The session cluster, while one runs."""
-        return self._cluster
+        """The session cluster, while one is kept."""
+        held = self._held
+        return held.cluster if held is not None else None
 
     @contextlib.contextmanager
     def connected(
@@ -100,52 +127,53 @@ class TrainingSession:
 
         ``cluster`` is a handle or a name; ``None`` means, in order: the Ray
         cluster this process is already connected to, ``RAY_ADDRESS``, else
-        the session cluster (started or grown here). Yields the cluster
-        handle (None for a plain Ray address). The session cluster is kept
-        ``keep_warm_s`` after the run.
+        the session cluster (started or grown here, and leased for the
+        run). Yields the cluster handle (None for a plain Ray address). The
+        session cluster is kept ``keep_warm_s`` after the run.
         """
-        import os
-
         import ray
 
-        from raydist.train._env import scoped_env
+        from raydist.train._env import run_settings
 
+        process_ray().sync()
         handle = self._resolve(cluster)
-        session_run = handle is None and (
-            self._on_session_cluster() or (not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"))
-        )
+        held: _Held | None = None
+        if handle is None and (
+            self._on_session_cluster() or (connected_address() is None and not os.environ.get("RAY_ADDRESS"))
+        ):
+            held = self._lease(Shape(workers, cpus_per_worker, 1 if use_gpu else 0), keep_warm_s)
+            handle = held.cluster
         connected_here = False
-        if session_run:
-            handle = self._acquire(workers, cpus_per_worker, 1 if use_gpu else 0, keep_warm_s)
         try:
-            with scoped_env(RUN_ENV, keep_existing=True):
+            with run_settings(RUN_ENV):
                 if handle is not None:
                     self._connect_to(handle)
                 elif not ray.is_initialized():
                     ray.init(log_to_driver=True)
                     connected_here = True
-                if not session_run:  # the session cluster is sized for the run
+                if held is None:  # the session cluster is sized for the run
                     _check_resources(workers, cpus_per_worker, use_gpu)
                 yield handle
         except BaseException as e:
-            failed = self._start_errors.pop(handle.address, None) if session_run and handle else None
-            if failed is not None:
-                raise failed from e  # the run failed because its cluster did not come up
+            if held is not None and held.failure is not None:
+                raise held.failure from e  # the run ended because its cluster did
+            if isinstance(e, SystemExit) and connected_address() is None:
+                # What Ray raises in a thread waiting on a connection that
+                # another thread closed: the run's cluster was torn down.
+                raise ClusterFailedError("the run's cluster was torn down during the run") from e
             raise
         finally:
             if connected_here:
                 self.release_warm()
                 ray.shutdown()
-            if session_run:
-                self._release()
+            if held is not None:
+                self._unlease(held)
 
     def _on_session_cluster(self) -> bool:
         """Whether this process is connected to the session cluster (by an
         earlier run: not a connection the user made)."""
-        import ray
-
-        ours = self._cluster
-        return ours is not None and ray.is_initialized() and ray.get_runtime_context().gcs_address == ours.address
+        held, current = self._held, connected_address()
+        return held is not None and current is not None and same_address(current, held.cluster.address)
 
     def _resolve(self, cluster: Any) -> RayCluster | None:
         """A handle for what the user named; None when they named nothing."""
@@ -162,91 +190,128 @@ class TrainingSession:
         return None
 
     def _connect_to(self, handle: RayCluster) -> None:
-        import ray
-
-        if ray.is_initialized():
-            current = ray.get_runtime_context().gcs_address
-            if current == handle.address:
-                return
-            ours = self._cluster
-            if ours is None or current != ours.address:
-                raise TrainingConfigError(
-                    "cluster",
-                    handle.name,
-                    f"this process is already connected to Ray at {current}; call ray.shutdown() first",
-                )
+        current = connected_address()
+        if current is not None and not same_address(current, handle.address):
+            with self._lock:
+                held = self._held
+                idle_session = held is not None and same_address(current, held.cluster.address) and not held.runs
+            if not idle_session:
+                raise ConnectionInUseError(current, handle.address)
             # Leave the idle session cluster for the cluster the user named.
-            self.release_warm()
-            ray.shutdown()
+            process_ray().disconnect()
         # Stay connected after the run: the next run on this cluster skips a
         # new driver job; the cluster's down() disconnects.
         handle.connect(log_to_driver=True)
 
-    def _acquire(self, workers: int, cpus: int, gpus: int, keep_warm_s: float | None) -> RayCluster:
-        """The session cluster, big enough for the run, marked busy."""
+    def _observe(self, held: _Held | None, now: float) -> Observed | None:
+        """What the rules look at (called with ``_lock`` held)."""
+        from raydist.engine import spark as spark_side
+
+        if held is None:
+            return None
+        cluster = held.cluster
+        usable = (
+            held.failure is None
+            and cluster.state in (State.CREATING, State.RUNNING, State.DEGRADED)
+            and not spark_side.is_stopped(cluster.spark)
+        )
+        waiting = now - held.spark_waiting_since if held.spark_waiting_since is not None else 0.0
+        return Observed(held.shape, usable, held.runs, 0.0 if held.runs else now - held.idle_since, waiting)
+
+    def _lease(self, want: Shape, keep_warm_s: float | None) -> _Held:
+        """The session cluster, fit for ``want`` and leased to the caller's run."""
+        while True:
+            with self._lifecycle:
+                with self._lock:
+                    held = self._held
+                    step, shape = for_run(self._observe(held, time.monotonic()), want)
+                    if step is RunStep.USE and held is not None:
+                        return self._take(held, keep_warm_s)
+                if step is RunStep.GROW and held is not None:
+                    self._grow(held, shape)
+                    with self._lock:
+                        return self._take(held, keep_warm_s)
+                if step in (RunStep.START, RunStep.REPLACE):
+                    if held is not None:
+                        why = "a run needs bigger nodes" if step is RunStep.REPLACE else "it can no longer run"
+                        self._retire_locked(held, why)
+                    held = self._start(shape)
+                    with self._lock:
+                        self._held = held
+                        return self._take(held, keep_warm_s)
+            # WAIT: runs use a cluster that is too small (or failing); ask
+            # again once they have ended.
+            with self._changed:
+                self._changed.wait_for(lambda h=held: self._held is not h or (h is not None and not h.runs), 1.0)
+
+    def _take(self, held: _Held, keep_warm_s: float | None) -> _Held:
+        """Lease ``held`` to one more run (``_lock`` held)."""
+        held.runs += 1
+        if keep_warm_s is not None:
+            self._keep_warm_s = keep_warm_s
+        return held
+
+    def _unlease(self, held: _Held) -> None:
+        with self._changed:
+            held.runs -= 1
+            if not held.runs:
+                held.idle_since = time.monotonic()
+            self._changed.notify_all()
+
+    def _start(self, shape: Shape) -> _Held:
+        """Start a session cluster of ``shape`` (``_lifecycle`` held); returns
+        once its head is up, so the run's Ray Train start overlaps the
+        workers' (seconds of a first run on a small host)."""
         import raydist.api as api
         from raydist.engine import spark as spark_side
         from raydist.engine.cluster import RayCluster
         from raydist.spec import ClusterSpec
 
-        with self._lifecycle:
-            current = self._cluster
-            fits = (
-                current is not None
-                and current.state in (State.CREATING, State.RUNNING, State.DEGRADED)
-                and not spark_side.is_stopped(current.spark)
-                and current.spec.desired_workers >= workers
-                and (current.spec.cpus_per_worker or 0) >= cpus
-                and current.spec.gpus_per_worker >= gpus
-            )
-            if not fits:
-                if current is not None:
-                    old = current.spec
-                    workers, cpus = max(workers, old.desired_workers), max(cpus, old.cpus_per_worker or 0)
-                    gpus = max(gpus, int(old.gpus_per_worker))
-                    log.info("session cluster %s is too small or gone; starting a bigger one", current.name)
-                    self._teardown_locked()
-                spark = spark_side.active_session() or api._registry.embedded_spark(None, {})
-                spec = ClusterSpec(
-                    name=f"session-{secrets.token_hex(3)}",
-                    workers=workers,
-                    cpus_per_worker=cpus,
-                    gpus_per_worker=gpus,
-                )
-                log.info("starting session cluster %s: %d workers x %d CPU", spec.name, workers, cpus)
-                current = RayCluster(spec, spark).launch()
-                # The run starts once the head is up: Ray Train's controller and
-                # its placement group wait for the workers' CPUs, so their start
-                # overlaps the workers' (seconds of a first run on a small host).
-                current.wait_head()
-                threading.Thread(
-                    target=self._watch_start, args=(current,), name="raydist-session-start", daemon=True
-                ).start()
-                self._stop_with(spark)
-            with self._lock:
-                self._cluster = current
-                self._busy += 1
-                if keep_warm_s is not None:
-                    self._keep_warm_s = keep_warm_s
-                if self._reaper is None or not self._reaper.is_alive():
-                    self._reaper = threading.Thread(target=self._reap, name="raydist-session-reaper", daemon=True)
-                    self._reaper.start()
-            return current
+        spark = spark_side.active_session() or api._registry.embedded_spark(None, {})
+        spec = ClusterSpec(
+            name=f"session-{secrets.token_hex(3)}",
+            workers=shape.workers,
+            cpus_per_worker=shape.cpus,
+            gpus_per_worker=shape.gpus,
+        )
+        log.info("starting session cluster %s: %d workers x %d CPU", spec.name, shape.workers, shape.cpus)
+        cluster = RayCluster(spec, spark).launch()
+        cluster.wait_head()
+        held = _Held(cluster, shape)
+        spawn(self._watch_start, held, name=f"raydist-session-start-{spec.name}")
+        spawn(self._reap, held, name=f"raydist-session-reaper-{spec.name}")
+        self._stop_with(spark)
+        return held
 
-    def _watch_start(self, cluster: RayCluster) -> None:
-        """Wait for a new session cluster's workers; when they do not come
-        up, the cluster is torn down (ending the run that waits for them)
+    def _grow(self, held: _Held, shape: Shape) -> None:
+        """Add nodes of the same size to ``held`` in place (``_lifecycle``
+        held); returns once they are up. Runs on it go on undisturbed."""
+        cluster = held.cluster
+        log.info("growing session cluster %s to %d workers", cluster.name, shape.workers)
+        before = held.shape
+        cluster.resize(workers=shape.workers)
+        with self._lock:
+            held.shape = shape
+        if not cluster.wait_for_workers(shape.workers, timeout=cluster.spec.start_timeout_s):
+            cluster.resize(workers=before.workers)
+            with self._lock:
+                held.shape = before
+            ready = cluster.status().ready_workers
+            raise NodeStartTimeoutError(expected=shape.workers, started=ready, timeout=cluster.spec.start_timeout_s,
+                                        pending={"session cluster": ["no free Spark task slot for the added nodes?"]})
+
+    def _watch_start(self, held: _Held) -> None:
+        """Wait for a new session cluster's workers. When they do not come
+        up, the cluster is torn down (ending the run that waits for them),
         and the run raises this error instead of Ray's."""
         try:
-            cluster.wait_ready()
+            held.cluster.wait_ready()
         except BaseException as e:  # noqa: BLE001 - handed to the run by connected()
             with self._lock:
-                self._start_errors[cluster.address] = e
-                if self._cluster is cluster:
-                    self._cluster = None
+                held.failure = e
 
     def _stop_with(self, spark: Any) -> None:
-        """Tear the session cluster down inside ``spark.stop()``, before Spark
+        """Retire the session cluster inside ``spark.stop()``, before Spark
         ends the tasks under its nodes (a run's workers would report their
         nodes lost, to the driver's console)."""
         sc = spark.sparkContext
@@ -255,112 +320,138 @@ class TrainingSession:
         original = sc.stop
 
         def stop() -> None:
-            cluster = self._cluster
-            if cluster is not None and cluster.spark.sparkContext is sc:
-                self._teardown(cluster, "its SparkSession is stopping")
+            held = self._held
+            if held is not None and held.cluster.spark.sparkContext is sc:
+                self._retire(held, "its SparkSession is stopping", force=True)
             original()
 
         stop.raydist_session = self  # type: ignore[attr-defined]
         sc.stop = stop  # this SparkContext object only
 
-    def _release(self) -> None:
-        with self._lock:
-            self._busy -= 1
-            self._idle_since = time.monotonic()
-
-    def _reap(self) -> None:
-        """Tear the session cluster down when it should go (see the module
-        docstring); ends with the cluster."""
+    def _reap(self, held: _Held) -> None:
+        """The reaper of one session cluster: retires it when the rules say
+        so, and ends with it."""
         from raydist.engine import spark as spark_side
 
-        waiting_polls = 0
-        while True:
-            time.sleep(_REAP_EVERY_S)
+        cluster = held.cluster
+        while not held.gone.wait(_REAP_EVERY_S):
             with self._lock:
-                cluster, busy = self._cluster, self._busy
-                idle_s, keep_s = time.monotonic() - self._idle_since, self._keep_warm_s
-            if cluster is None or self._closed:
-                return
-            if busy:
-                waiting_polls = 0
-                continue
-            why = ""
-            if spark_side.is_stopped(cluster.spark):
-                why = "its SparkSession stopped"
-            elif idle_s >= keep_s:
-                why = f"idle for {keep_s:g} s"
-            else:
+                if self._held is not held:
+                    return
+                runs = held.runs
+            waiting = 0
+            if not runs and not spark_side.is_stopped(cluster.spark):
                 try:
                     waiting = spark_side.waiting_tasks(cluster.spark, frozenset({cluster.job_group}))
                 except Exception as e:  # noqa: BLE001 - the SparkContext is stopping under us
                     log.debug("reading Spark's status tracker: %s", e)
-                    waiting = 0
-                waiting_polls = waiting_polls + 1 if waiting else 0
-                if waiting_polls >= _WAITING_POLLS:
-                    why = f"{waiting} Spark tasks wait for the slots it holds"
-            if why:
-                self._teardown(cluster, why)
+            with self._lock:
+                now = time.monotonic()
+                if waiting and not held.runs:
+                    held.spark_waiting_since = held.spark_waiting_since or now
+                else:
+                    held.spark_waiting_since = None
+                observed = self._observe(held, now)
+                assert observed is not None
+                step, why = while_idle(observed, self._keep_warm_s)
+            if step is IdleStep.RETIRE:
+                self._retire(held, why)
 
-    def _teardown(self, cluster: RayCluster, why: str) -> None:
+    def _retire(self, held: _Held, why: str, *, force: bool = False) -> None:
+        """Tear ``held`` down unless a run took it meanwhile (``force``: even
+        then, as when its SparkSession stops under the run)."""
         with self._lifecycle:
             with self._lock:
-                if self._cluster is not cluster or self._busy:
-                    return  # replaced, or a run took it meanwhile
-            log.info("tearing down session cluster %s: %s", cluster.name, why)
-            self._teardown_locked()
+                if self._held is not held or (held.runs and not force):
+                    return
+                if held.runs:
+                    held.failure = ClusterFailedError(f"the session cluster {held.cluster.name} was torn down: {why}")
+            self._retire_locked(held, why)
 
-    def _teardown_locked(self) -> None:
-        """Stop the session cluster and the warm run on it (the lifecycle
-        lock is held)."""
-        with self._lock:
-            cluster, self._cluster = self._cluster, None
-        if cluster is None:
-            return
-        warm = self._warm
-        if warm is not None and warm[0][0] == cluster.address:
-            self.release_warm()
-        cluster.down()
+    def _retire_locked(self, held: _Held, why: str) -> None:
+        """Tear ``held`` down (``_lifecycle`` held). This process disconnects
+        from it first, and its warm run ends (:meth:`_before_disconnect`)."""
+        with self._changed:
+            if self._held is held:
+                self._held = None
+            self._changed.notify_all()
+        log.info("tearing down session cluster %s: %s", held.cluster.name, why)
+        try:
+            held.cluster.down()
+        finally:
+            held.gone.set()
+
+    def _before_disconnect(self, address: str) -> None:
+        """This process is about to disconnect from ``address`` (its cluster
+        goes, or a run moves to another): hooked into
+        :func:`raydist.engine.connection.process_ray`. The warm run there
+        belongs to this driver and ends with the connection: let go of it
+        without waiting (a job on it, another thread's, fails with why)."""
+        with self._changed:
+            warm = self._warm
+            if warm is None or not warm.key[0] or not same_address(warm.key[0], address):
+                return
+            self._warm = None
+            self._changed.notify_all()
+        warm.run.abandon()
 
     # ------------------------------------------------------------ warm runs
 
-    def warm_run(
-        self, *, workers: int, resources_per_worker: Mapping[str, float], max_failures: int, keep_alive_s: float
-    ) -> ResidentRun:
-        """The warm run for these settings on the connected cluster, started
-        if needed; a warm run with other settings ends first."""
-        import ray
+    def run_warm(
+        self,
+        job: Callable[[], Any],
+        *,
+        workers: int,
+        resources_per_worker: Mapping[str, float],
+        max_failures: int,
+        keep_alive_s: float,
+    ) -> Any:
+        """Run ``job()`` on the warm run for these settings on the connected
+        cluster (started if needed); rank 0's return value. A warm run with
+        other settings ends first, once its job (another thread's) is done."""
+        key = (connected_address(), workers, tuple(sorted(resources_per_worker.items())), max_failures, keep_alive_s)
+        warm = self._take_warm(key, workers, resources_per_worker, max_failures, keep_alive_s)
+        try:
+            return warm.run.run(job)
+        finally:
+            with self._changed:
+                warm.in_use = False
+                self._changed.notify_all()
 
+    def _take_warm(self, key: tuple[Any, ...], workers: int, resources_per_worker: Mapping[str, float],
+                   max_failures: int, keep_alive_s: float) -> _Warm:
         from raydist.train.resident import ResidentRun
 
-        key = (
-            ray.get_runtime_context().gcs_address,
-            workers,
-            tuple(sorted(resources_per_worker.items())),
-            max_failures,
-            keep_alive_s,
-        )
-        with self._lock:
-            current = self._warm
-        if current is not None and current[0] == key and current[1].alive:
-            return current[1]
-        self.release_warm()
-        run = ResidentRun(
-            workers=workers,
-            resources_per_worker=resources_per_worker,
-            max_failures=max_failures,
-            keep_alive_s=keep_alive_s,
-        )
-        with self._lock:
-            self._warm = (key, run)
-        run.start()
-        return run
+        with self._changed:
+            self._changed.wait_for(lambda: self._warm is None or not self._warm.in_use)
+            old = self._warm
+            if old is not None and old.key == key and old.run.alive:
+                old.in_use = True
+                return old
+            new = _Warm(key, ResidentRun(workers=workers, resources_per_worker=resources_per_worker,
+                                         max_failures=max_failures, keep_alive_s=keep_alive_s))
+            self._warm = new
+        if old is not None:
+            old.run.close()
+        try:
+            new.run.start()
+        except BaseException:
+            with self._changed:
+                if self._warm is new:
+                    self._warm = None
+                self._changed.notify_all()
+            raise
+        return new
 
     def release_warm(self) -> None:
-        """End the warm run, if any, so its workers' CPUs are free."""
-        with self._lock:
+        """End the warm run, if any, once no job is on it, so its workers'
+        CPUs are free (a run with its own workers needs them)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._warm is None or not self._warm.in_use)
             warm, self._warm = self._warm, None
+            self._changed.notify_all()
         if warm is not None:
-            warm[1].close()
+            warm.run.close()
 
     # ----------------------------------------------------------- local runs
 
@@ -382,14 +473,14 @@ class TrainingSession:
 
     def close(self) -> None:
         """End everything this session keeps (at exit, or by hand)."""
-        self._closed = True
         with self._lock:
             local, self._local = self._local, None
         if local is not None:
             local.close()
+        held = self._held
+        if held is not None:
+            self._retire(held, "this process is ending", force=True)
         self.release_warm()
-        with self._lifecycle:
-            self._teardown_locked()
 
 
 def training_session() -> TrainingSession:

@@ -1,0 +1,108 @@
+"""When the session cluster starts, grows, stays, gives its slots back and goes.
+
+Pure rules over what the training session observes: no Ray, no Spark, no
+clock. :class:`~raydist.train.session.TrainingSession` reads the facts, asks
+these functions, and does what they answer; the tests ask them every case.
+
+Two rules carry the session's promises:
+
+- a cluster that a run is using is never torn down or replaced under it: a
+  run that needs a cluster of another shape waits for the runs on the
+  current one to end (a bigger count of the same workers grows it in place,
+  without waiting);
+- an idle cluster goes when it has idled ``keep_warm_s``, when Spark work has
+  waited for its slots ``yield_after_s``, or at once when it can no longer
+  run (its SparkSession stopped, or it failed); a cluster with runs on it
+  stays, even a failing one, until they end.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = ["Shape", "Observed", "RunStep", "IdleStep", "for_run", "while_idle", "YIELD_AFTER_S"]
+
+#: How long other Spark jobs' tasks must have waited for the slots of an idle
+#: session cluster before it gives them back (a job's tasks may show as
+#: waiting for an instant before they launch).
+YIELD_AFTER_S = 0.3
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A cluster's size as runs ask for it: worker nodes, and each one's CPUs and GPUs."""
+
+    workers: int
+    cpus: int
+    gpus: int = 0
+
+    def covers(self, want: Shape) -> bool:
+        """Whether a run asking for ``want`` fits on a cluster of this shape."""
+        return self.workers >= want.workers and self.cpus >= want.cpus and self.gpus >= want.gpus
+
+    def union(self, want: Shape) -> Shape:
+        """The smallest shape that covers both (a replacement serves the old runs' size too)."""
+        return Shape(max(self.workers, want.workers), max(self.cpus, want.cpus), max(self.gpus, want.gpus))
+
+    def same_nodes(self, other: Shape) -> bool:
+        """Whether both have nodes of one size (so one can grow into the other in place)."""
+        return self.cpus == other.cpus and self.gpus == other.gpus
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the session sees of its cluster at one moment."""
+
+    shape: Shape
+    usable: bool  # starting or up, and its SparkSession runs
+    runs: int  # runs using it now
+    idle_s: float  # since the last run on it ended (0 while runs use it)
+    spark_waiting_s: float  # how long other Spark tasks have waited for slots (0: none wait)
+
+
+class RunStep(enum.Enum):
+    """What a run that wants a cluster does next."""
+
+    USE = "use"  # the cluster fits: run on it
+    START = "start"  # no usable cluster: start one
+    GROW = "grow"  # same nodes, too few: add nodes in place
+    REPLACE = "replace"  # other nodes needed, nobody using it: tear it down, start a bigger one
+    WAIT = "wait"  # other nodes needed, but runs use it: wait for them to end, then ask again
+
+
+class IdleStep(enum.Enum):
+    """What the reaper does with the cluster at one look."""
+
+    KEEP = "keep"
+    RETIRE = "retire"
+
+
+def for_run(current: Observed | None, want: Shape) -> tuple[RunStep, Shape]:
+    """The next step for a run that wants ``want``, and the shape to start or grow to."""
+    if current is None:
+        return RunStep.START, want
+    if not current.usable:
+        # Runs on a failing cluster end with its error; the next one starts anew.
+        return (RunStep.WAIT if current.runs else RunStep.START), want
+    if current.shape.covers(want):
+        return RunStep.USE, current.shape
+    target = current.shape.union(want)
+    if current.shape.same_nodes(target):
+        return RunStep.GROW, target
+    if current.runs:
+        return RunStep.WAIT, target
+    return RunStep.REPLACE, target
+
+
+def while_idle(current: Observed, keep_warm_s: float, yield_after_s: float = YIELD_AFTER_S) -> tuple[IdleStep, str]:
+    """Whether the reaper keeps the cluster or retires it now, and why."""
+    if current.runs:
+        return IdleStep.KEEP, ""
+    if not current.usable:
+        return IdleStep.RETIRE, "it can no longer run (its SparkSession stopped, or it failed)"
+    if current.idle_s >= keep_warm_s:
+        return IdleStep.RETIRE, f"idle for {keep_warm_s:g} s"
+    if current.spark_waiting_s >= yield_after_s:
+        return IdleStep.RETIRE, "other Spark jobs wait for the slots it holds"
+    return IdleStep.KEEP, ""
