@@ -17,11 +17,16 @@ alternate, case by case.
    in total.
 3. Compute-bound samples/s after the sweep, in the same sessions
    (``--compute-s`` split over ``--compute-rounds`` runs; the median counts).
+4. The user's own Spark work right after a run: a Spark job needing every
+   task slot, timed, then ``--alive-wait-s`` (past Ray's 60 s GCS timeout,
+   which ends a process still connected to a cluster that went) and another
+   run. ``alive`` is whether the program got to the end.
 
 Last line:
 
   first_run_ratio=<median over the classes of raydist/pyspark> sweep_ratio=<raydist total/pyspark total>
   throughput_ratio=<samples/s raydist/pyspark> same_result=<true|false>
+  spark_after_s=<that Spark job's seconds, raydist minus pyspark> alive=<true|false: both programs ended well>
 
 (one line). Run: make bench-training
 """
@@ -74,7 +79,7 @@ def _classes(side: str):
     return TorchDistributor, DeepspeedTorchDistributor, MirroredStrategyRunner
 
 
-def child(side: str, case: str, compute_s: float, compute_rounds: int) -> dict:
+def child(side: str, case: str, compute_s: float, compute_rounds: int, alive_wait_s: float = 70.0) -> dict:
     sys.path.insert(0, str(HERE))
     import training_jobs as jobs
     from pyspark import cloudpickle as spark_pickle
@@ -118,6 +123,16 @@ def child(side: str, case: str, compute_s: float, compute_rounds: int) -> dict:
             out["samples_per_s"] = [
                 distributor.run(jobs.compute_job, compute_s / compute_rounds) for _ in range(compute_rounds)
             ]
+        elif case == "spark_after":
+            distributor = torch_d(num_processes=2, local_mode=False, use_gpu=False)
+            out["result"] = [distributor.run(jobs.tiny_job, 0.05)]
+            slots = spark.sparkContext.defaultParallelism
+            t = time.perf_counter()
+            spark.sparkContext.parallelize(range(slots), slots).map(lambda i: i * i).sum()
+            out["spark_after_s"] = time.perf_counter() - t
+            time.sleep(alive_wait_s)
+            out["result"].append(distributor.run(jobs.tiny_job, 0.05))
+            out["alive"] = True
         if "seconds" not in out:
             out["seconds"] = time.perf_counter() - t0
     finally:
@@ -128,16 +143,22 @@ def child(side: str, case: str, compute_s: float, compute_rounds: int) -> dict:
 # ----------------------------------------------------------------- parent side
 
 
-def measure(side: str, case: str, args: argparse.Namespace) -> dict:
+def measure(side: str, case: str, args: argparse.Namespace, *, may_die: bool = False) -> dict:
+    """One case in a fresh process. ``may_die``: a process that ends early
+    is a finding (``alive`` false), not a failed benchmark."""
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore"}
     env.pop("RAY_ADDRESS", None)
     with tempfile.NamedTemporaryFile("r", suffix=".json") as result:
         cmd = [sys.executable, __file__, "--child", side, case, result.name,
-               "--compute-s", str(args.compute_s), "--compute-rounds", str(args.compute_rounds)]
+               "--compute-s", str(args.compute_s), "--compute-rounds", str(args.compute_rounds),
+               "--alive-wait-s", str(args.alive_wait_s)]
         with open(Path(tempfile.gettempdir()) / f"bench-training-{side}-{case}.log", "w") as log:
             proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=1200, check=False)
         text = Path(result.name).read_text()
     if proc.returncode != 0 or not text:
+        if may_die:
+            print(f"  {side} {case}: the program ended early (exit {proc.returncode}); see {log.name}", flush=True)
+            return {"alive": False, "exit": proc.returncode}
         raise SystemExit(f"{side} {case} failed (exit {proc.returncode}); see {log.name}")
     return json.loads(text)
 
@@ -147,11 +168,13 @@ def main() -> int:
     parser.add_argument("--compute-s", type=float, default=30.0, help="seconds of compute-bound training per side")
     parser.add_argument("--compute-rounds", type=int, default=3)
     parser.add_argument("--cases", default=",".join(CASES), help="first-run cases to measure")
+    parser.add_argument("--alive-wait-s", type=float, default=70.0,
+                        help="after the Spark job, wait this long (past Ray's 60 s GCS timeout), then train again")
     parser.add_argument("--child", nargs=3, metavar=("SIDE", "CASE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         side, case, out = args.child
-        Path(out).write_text(json.dumps(child(side, case, args.compute_s, args.compute_rounds)))
+        Path(out).write_text(json.dumps(child(side, case, args.compute_s, args.compute_rounds, args.alive_wait_s)))
         return 0
 
     ratios, same = [], True
@@ -177,10 +200,26 @@ def main() -> int:
         f"{side} " + ", ".join(f"{v:,.0f}" for v in sweep[side]["samples_per_s"]) for side in ("pyspark", "raydist")
     ))
     sps = {side: statistics.median(sweep[side]["samples_per_s"]) for side in sweep}
+
+    print(f"the user's Spark job on every slot right after a run, then {args.alive_wait_s:g} s, then a run:",
+          flush=True)
+    after = {side: measure(side, "spark_after", args, may_die=True) for side in ("pyspark", "raydist")}
+    alive = all(after[side].get("alive") for side in after)
+    for side in ("pyspark", "raydist"):
+        a = after[side]
+        if "spark_after_s" in a:
+            print(f"  {side:8s} Spark job {a['spark_after_s']:.2f} s, alive={str(bool(a.get('alive'))).lower()} "
+                  f"-> {a['result']}", flush=True)
+    if alive:
+        same = same and after["pyspark"]["result"] == after["raydist"]["result"]
+    spark_after = (after["raydist"]["spark_after_s"] - after["pyspark"]["spark_after_s"]
+                   if all("spark_after_s" in a for a in after.values()) else float("nan"))
+
     first = statistics.median(ratios)
     sweep_ratio = sweep["raydist"]["seconds"] / sweep["pyspark"]["seconds"]
     print(f"first_run_ratio={first:.3f} sweep_ratio={sweep_ratio:.3f} "
-          f"throughput_ratio={sps['raydist'] / sps['pyspark']:.3f} same_result={str(same).lower()}")
+          f"throughput_ratio={sps['raydist'] / sps['pyspark']:.3f} same_result={str(same).lower()} "
+          f"spark_after_s={spark_after:.2f} alive={str(alive).lower()}")
     return 0
 
 

@@ -155,6 +155,8 @@ def up(
         address: a control plane (``host:port``) to create the cluster in,
             instead of running the engine in this process; returns a
             :class:`raydist.control.remote.RemoteCluster` with the same surface.
+            Such a cluster runs the Ray dashboard (Ray Jobs) unless
+            ``dashboard=False``; one in this process only with ``dashboard=True``.
         **spec_fields: any other :class:`raydist.spec.ClusterSpec` field.
 
     Returns:
@@ -171,6 +173,11 @@ def up(
     """
     from raydist.engine.cluster import RayCluster
 
+    if address is not None:
+        # A served cluster takes Ray Jobs (raydist submit) unless told not to:
+        # long-lived and reached from other hosts, it is worth the dashboard's
+        # start (about 2 s on a small host).
+        spec_fields.setdefault("dashboard", True)
     spec = ClusterSpec(
         name=name or f"ray-{secrets.token_hex(3)}",
         workers=workers,

@@ -47,7 +47,8 @@ class Jobs:
         if not dashboard_url:
             raise ClusterNotReadyError(
                 f"cluster {cluster!r} runs without the Ray dashboard, which serves Ray Jobs: "
-                f"create it with the dashboard on (raydist up {cluster} --dashboard, or dashboard=True)"
+                f"create it with the dashboard on (raydist up {cluster}, without --no-dashboard; "
+                "raydist.up(..., dashboard=True) in Python)"
             )
         self.cluster = cluster
         headers = {"Authorization": f"Bearer {ray_token}"} if ray_token else {}

@@ -89,3 +89,32 @@ def test_stop_ends_waiting_workers_and_refuses_new_jobs() -> None:
             raise AssertionError("a stopped board took a job")
 
     run(main())
+
+
+def test_a_cancelled_job_stops_everywhere_and_the_workers_take_the_next() -> None:
+    async def main() -> None:
+        board = JobBoard(keep_alive_s=60)
+        gen = await board.new_generation(2)
+        seq = await board.submit(b"long")
+        assert await board.next_job(gen, 0) == (seq, b"long")
+        waiter = asyncio.ensure_future(board.get_rendezvous(gen, seq))  # rank 1, before rank 0 published
+        await board.cancel(seq)
+        assert not await board.job_active(gen, seq)  # each rank kills its copy
+        assert await asyncio.wait_for(waiter, 1) is None  # rank 1 stops waiting for rank 0
+        nxt = await board.submit(b"next")
+        assert await board.next_job(gen, seq) == (nxt, b"next")
+        await board.cancel(seq)  # too late: nothing happens to the next job
+        assert await board.job_active(gen, nxt)
+
+    run(main())
+
+
+def test_a_new_keep_alive_counts_from_now() -> None:
+    async def main() -> None:
+        board = JobBoard(keep_alive_s=60)
+        gen = await board.new_generation(1)
+        await board.set_keep_alive(0.2)
+        assert await asyncio.wait_for(board.next_job(gen, 0), 2) is None  # idle 0.2 s: the run ends
+        assert board.stopped
+
+    run(main())

@@ -4,35 +4,11 @@ pyspark's own distributors."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from tests.probe import run_program
+
 pytestmark = pytest.mark.integration
-
-PROGRAMS = Path(__file__).parent / "programs"
-
-
-def run_program(name: str, *args: str, home: Path | None = None, timeout: float = 900) -> dict:
-    """Run a program as a user would, in a fresh process; its RESULT line."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))}
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
-    if home is not None:
-        env["RAYDIST_HOME"] = str(home)
-    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-    proc = subprocess.run([sys.executable, str(PROGRAMS / name), *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        # The Python traceback, not only the tail (Spark's shutdown noise comes after it).
-        at = proc.stderr.rfind("Traceback (most recent call last)")
-        why = proc.stderr[at:at + 4000] if at >= 0 else ""
-        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{why}\n...\n{proc.stderr[-2000:]}")
-    return json.loads(lines[-1][len("RESULT "):]) | {"_output": proc.stdout + proc.stderr}
 
 
 @pytest.mark.timeout(1200)  # two whole programs; DeepSpeed compiles its CPU ops on first use in a new venv

@@ -35,7 +35,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     before = {p.pid for p in ray_processes()}
     srv = Server(tmp_path_factory.mktemp("jobs-home"), free_port()).start()
     try:
-        up = srv.cli("up", "jobs", "-w", "1", "--cpus-per-worker", "1", "--dashboard")
+        up = srv.cli("up", "jobs", "-w", "1", "--cpus-per-worker", "1")  # no flag: a served cluster takes jobs
         assert up.returncode == 0, up.stdout + up.stderr
         yield srv
     finally:
@@ -106,10 +106,10 @@ def test_usage_errors_say_what_to_do(server: Server) -> None:
     stray = server.cli("status", "jobs", "--", "python", "x.py")
     assert stray.returncode == 2 and "only `raydist submit` takes a command" in stray.stderr
 
-    up = server.cli("up", "plain", "-w", "0")
+    up = server.cli("up", "plain", "-w", "0", "--no-dashboard")
     try:
         assert up.returncode == 0, up.stderr
         refused = server.cli("submit", "plain", "--", "python", "-c", "pass")
-        assert refused.returncode == 1 and "raydist up plain --dashboard" in refused.stderr, refused.stderr
+        assert refused.returncode == 1 and "without --no-dashboard" in refused.stderr, refused.stderr
     finally:
         server.cli("down", "plain")

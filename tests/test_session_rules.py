@@ -24,6 +24,7 @@ observed = st.builds(
     runs=st.integers(0, 3),
     idle_s=st.floats(0, 1000),
     spark_waiting_s=st.floats(0, 10),
+    replacement_waiting=st.booleans(),
 )
 
 
@@ -45,9 +46,18 @@ def test_more_nodes_of_the_same_size_grow_the_cluster_in_place_under_other_runs(
 
 def test_bigger_nodes_wait_for_the_runs_on_the_cluster_then_replace_it() -> None:
     assert for_run(seen(Shape(2, 1), runs=1), Shape(2, 2)) == (RunStep.WAIT, Shape(2, 2))
-    # The replacement also serves the old runs' size.
-    assert for_run(seen(Shape(4, 1)), Shape(2, 2)) == (RunStep.REPLACE, Shape(4, 2))
+    # The replacement also has room for the old runs' workers: 4 x 1 CPU pack onto 2 nodes of 2.
+    assert for_run(seen(Shape(4, 1)), Shape(2, 2)) == (RunStep.REPLACE, Shape(2, 2))
+    assert for_run(seen(Shape(6, 1)), Shape(1, 2)) == (RunStep.REPLACE, Shape(3, 2))
     assert for_run(seen(Shape(2, 1)), Shape(2, 1, 1)) == (RunStep.REPLACE, Shape(2, 1, 1))
+
+
+def test_workers_pack_onto_nodes_big_enough() -> None:
+    assert Shape(2, 2).covers(Shape(4, 1))  # two to a node
+    assert not Shape(2, 2).covers(Shape(5, 1))
+    assert not Shape(4, 1).covers(Shape(1, 2))  # no node is big enough
+    assert Shape(2, 2, 2).covers(Shape(4, 1, 1)) and not Shape(2, 4, 1).covers(Shape(4, 1, 1))
+    assert for_run(seen(Shape(2, 2)), Shape(4, 1)) == (RunStep.USE, Shape(2, 2))
 
 
 def test_a_failing_cluster_is_replaced_once_the_runs_on_it_have_ended() -> None:
@@ -63,8 +73,12 @@ def test_a_cluster_with_runs_on_it_is_never_torn_down_for_another_run(current: O
         assert step is not RunStep.START or not current.usable and not current.runs
     if step in (RunStep.USE, RunStep.GROW, RunStep.REPLACE, RunStep.START):
         assert shape.covers(want)  # what the run gets fits it
+    if step is RunStep.REPLACE:
+        assert shape.covers(current.shape)  # and the runs the old one served
     if step is RunStep.GROW:
         assert shape.same_nodes(current.shape) and shape.workers > current.shape.workers
+    if current.replacement_waiting and step in (RunStep.USE, RunStep.GROW):
+        raise AssertionError("a run went ahead of the run waiting to replace the cluster")
 
 
 def test_an_idle_cluster_stays_while_warm_and_nothing_waits() -> None:
@@ -97,3 +111,10 @@ def test_the_reaper_never_retires_a_cluster_a_run_uses(current: Observed, keep_w
             not current.usable or current.idle_s >= keep_warm_s or current.spark_waiting_s >= YIELD_AFTER_S
         )
         assert bool(why) == (step is IdleStep.RETIRE)
+
+
+def test_runs_that_fit_queue_behind_a_run_waiting_to_replace_the_cluster() -> None:
+    waiting = Observed(Shape(2, 1), usable=True, runs=1, idle_s=0.0, spark_waiting_s=0.0, replacement_waiting=True)
+    assert for_run(waiting, Shape(2, 1))[0] is RunStep.QUEUE  # would fit: not ahead of the replacement
+    assert for_run(waiting, Shape(4, 1))[0] is RunStep.QUEUE  # would grow it: likewise
+    assert for_run(waiting, Shape(2, 2))[0] is RunStep.WAIT  # another replacer: waits for the runs too

@@ -89,7 +89,7 @@ def test_control_plane_on_standalone(deployment: Deployment, tmp_path: Path, no_
     # Listening beyond loopback: a user on another host reaches it with its address and token.
     server = Server(tmp_path, port, [*conf, "--host", "0.0.0.0"], master=sa.master_url).start()
     try:
-        up = server.cli("up", "sa", "-w", "1", "--cpus-per-worker", "1", "--dashboard", "-o", "json")
+        up = server.cli("up", "sa", "-w", "1", "--cpus-per-worker", "1", "-o", "json")
         assert up.returncode == 0, up.stdout + up.stderr
         info = json.loads(server.cli("status", "sa", "-o", "json").stdout)
         assert info["state"] == "RUNNING" and info["ready_workers"] == 1

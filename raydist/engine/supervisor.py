@@ -46,10 +46,10 @@ from raydist.engine.channel import LOG_TAIL_LINES
 from raydist.engine.nodelogs import NODE_BYTES, chunks, read_logs
 from raydist.engine.ports import free_port, wait_for_port
 from raydist.engine.reaper import (
+    KILL_GRACE_S,
     become_subreaper,
     core_died,
     die_with_parent,
-    KILL_GRACE_S,
     kill_descendants,
     start_sentinel,
     watched_alive,

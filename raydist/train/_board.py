@@ -170,6 +170,13 @@ class JobBoard:
         self.outcomes = {}
         self.last_active = time.monotonic()
 
+    async def set_keep_alive(self, keep_alive_s: float) -> None:
+        """How long idle workers now wait for a job before the run ends
+        (counted from now: the driver says so just before a job)."""
+        self.keep_alive_s = keep_alive_s
+        self.last_active = time.monotonic()
+        await self._notify()
+
     async def stop(self) -> None:
         self.stopped = True
         await self._notify()

@@ -258,6 +258,14 @@ class ResidentRun:
         error = getattr(self.result, "error", None)
         return f"{type(error).__name__}: {error}" if error is not None else "it stopped"
 
+    def keep_alive(self, keep_alive_s: float) -> None:
+        """Change how long the workers stay warm without a job."""
+        import ray
+
+        if self._board is not None and keep_alive_s != self.keep_alive_s:
+            ray.get(self._board.set_keep_alive.remote(keep_alive_s))
+            self.keep_alive_s = keep_alive_s
+
     def abandon(self) -> None:
         """Let go of the run without waiting for it, because this process is
         about to disconnect from its cluster: the run's actors belong to this

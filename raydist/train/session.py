@@ -30,6 +30,7 @@ process from a cluster that goes is :mod:`raydist.engine.connection`'s job.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -41,7 +42,13 @@ from typing import TYPE_CHECKING, Any
 
 from raydist.engine.connection import connected_address, process_ray, same_address
 from raydist.engine.threads import spawn
-from raydist.errors import ClusterFailedError, ConnectionInUseError, NodeStartTimeoutError, TrainingConfigError
+from raydist.errors import (
+    CapacityError,
+    ClusterFailedError,
+    ConnectionInUseError,
+    NodeStartTimeoutError,
+    TrainingConfigError,
+)
 from raydist.spec import State
 from raydist.train.session_rules import IdleStep, Observed, RunStep, Shape, for_run, while_idle
 
@@ -100,6 +107,7 @@ class TrainingSession:
         self._lock = threading.Lock()  # guards the fields below; never held while calling out
         self._changed = threading.Condition(self._lock)
         self._held: _Held | None = None
+        self._replacers = 0  # runs waiting for the runs on the session cluster to end, to replace it
         self._keep_warm_s = DEFAULT_KEEP_WARM_S
         self._warm: _Warm | None = None
         self._local: LocalRun | None = None
@@ -216,33 +224,65 @@ class TrainingSession:
             and not spark_side.is_stopped(cluster.spark)
         )
         waiting = now - held.spark_waiting_since if held.spark_waiting_since is not None else 0.0
-        return Observed(held.shape, usable, held.runs, 0.0 if held.runs else now - held.idle_since, waiting)
+        return Observed(held.shape, usable, held.runs, 0.0 if held.runs else now - held.idle_since, waiting,
+                        replacement_waiting=self._replacers > 0)
 
     def _lease(self, want: Shape, keep_warm_s: float | None) -> _Held:
         """The session cluster, fit for ``want`` and leased to the caller's run."""
-        while True:
-            with self._lifecycle:
+        replacing = False
+        try:
+            while True:
+                held, step = self._try_lease(want, keep_warm_s, replacing)
+                if held is not None:
+                    return held
+                with self._changed:
+                    current = self._held
+                    if step is RunStep.WAIT:
+                        # First in line to replace it, once the runs on it have ended.
+                        if not replacing:
+                            replacing, self._replacers = True, self._replacers + 1
+                        self._changed.wait_for(lambda h=current: self._held is not h or h is None or not h.runs)
+                    else:  # QUEUE: behind a run waiting to replace it
+                        self._changed.wait_for(lambda h=current: self._held is not h or not self._replacers)
+        finally:
+            if replacing:
+                with self._changed:
+                    self._replacers -= 1
+                    self._changed.notify_all()
+
+    def _try_lease(self, want: Shape, keep_warm_s: float | None, replacing: bool) -> tuple[_Held | None, RunStep]:
+        """One decision of ``_lease``: the cluster leased to the run, or None
+        and the step to wait by (WAIT or QUEUE)."""
+        with self._lifecycle:
+            with self._lock:
+                held = self._held
+                observed = self._observe(held, time.monotonic())
+                if observed is not None and replacing:  # a run waiting to replace it is not behind itself
+                    observed = dataclasses.replace(observed, replacement_waiting=self._replacers > 1)
+                step, shape = for_run(observed, want)
+                if step is RunStep.USE and held is not None:
+                    return self._take(held, keep_warm_s), step
+            if step is RunStep.GROW and held is not None:
+                self._grow(held, shape)
                 with self._lock:
-                    held = self._held
-                    step, shape = for_run(self._observe(held, time.monotonic()), want)
-                    if step is RunStep.USE and held is not None:
-                        return self._take(held, keep_warm_s)
-                if step is RunStep.GROW and held is not None:
-                    self._grow(held, shape)
-                    with self._lock:
-                        return self._take(held, keep_warm_s)
-                if step in (RunStep.START, RunStep.REPLACE):
-                    if held is not None:
-                        why = "a run needs bigger nodes" if step is RunStep.REPLACE else "it can no longer run"
-                        self._retire_locked(held, why)
+                    return self._take(held, keep_warm_s), step
+            if step in (RunStep.START, RunStep.REPLACE):
+                if held is not None:
+                    why = "a run needs bigger nodes" if step is RunStep.REPLACE else "it can no longer run"
+                    self._retire_locked(held, why)
+                try:
                     held = self._start(shape)
-                    with self._lock:
-                        self._held = held
-                        return self._take(held, keep_warm_s)
-            # WAIT: runs use a cluster that is too small (or failing); ask
-            # again once they have ended.
-            with self._changed:
-                self._changed.wait_for(lambda h=held: self._held is not h or (h is not None and not h.runs), 1.0)
+                except CapacityError:
+                    if shape == want:
+                        raise
+                    # Room for the old runs' workers as well does not fit Spark: the run's own size.
+                    log.info("a session cluster of %s does not fit Spark; starting one of %s", shape, want)
+                    held = self._start(want)
+                with self._changed:
+                    self._held = held
+                    self._changed.notify_all()
+                    return self._take(held, keep_warm_s), step
+        return None, step
 
     def _take(self, held: _Held, keep_warm_s: float | None) -> _Held:
         """Lease ``held`` to one more run (``_lock`` held)."""
@@ -407,11 +447,13 @@ class TrainingSession:
         keep_alive_s: float,
     ) -> Any:
         """Run ``job()`` on the warm run for these settings on the connected
-        cluster (started if needed); rank 0's return value. A warm run with
-        other settings ends first, once its job (another thread's) is done."""
-        key = (connected_address(), workers, tuple(sorted(resources_per_worker.items())), max_failures, keep_alive_s)
+        cluster (started if needed); rank 0's return value. A warm run of
+        other workers ends first, once its job (another thread's) is done;
+        one that differs only in ``keep_alive_s`` takes the new value."""
+        key = (connected_address(), workers, tuple(sorted(resources_per_worker.items())), max_failures)
         warm = self._take_warm(key, workers, resources_per_worker, max_failures, keep_alive_s)
         try:
+            warm.run.keep_alive(keep_alive_s)
             return warm.run.run(job)
         finally:
             with self._changed:

@@ -9,7 +9,8 @@ Two rules carry the session's promises:
 - a cluster that a run is using is never torn down or replaced under it: a
   run that needs a cluster of another shape waits for the runs on the
   current one to end (a bigger count of the same workers grows it in place,
-  without waiting);
+  without waiting), and runs that come meanwhile queue behind it, so it is
+  not kept waiting by a stream of runs that fit;
 - an idle cluster goes when it has idled ``keep_warm_s``, when Spark work has
   waited for its slots ``yield_after_s``, or at once when it can no longer
   run (its SparkSession stopped, or it failed); a cluster with runs on it
@@ -31,19 +32,31 @@ YIELD_AFTER_S = 0.3
 
 @dataclass(frozen=True)
 class Shape:
-    """A cluster's size as runs ask for it: worker nodes, and each one's CPUs and GPUs."""
+    """A cluster's size as runs ask for it: worker nodes, and each one's
+    CPUs and GPUs. A run asks for ``workers`` training workers of ``cpus``
+    and ``gpus`` each; Ray Train packs them onto the nodes, several to a
+    node where it is big enough."""
 
     workers: int
     cpus: int
     gpus: int = 0
 
+    def per_node(self, want: Shape) -> int:
+        """How many of ``want``'s workers one node of this size holds."""
+        fit = self.cpus // max(1, want.cpus)
+        if want.gpus:
+            fit = min(fit, self.gpus // want.gpus)
+        return fit
+
     def covers(self, want: Shape) -> bool:
         """Whether a run asking for ``want`` fits on a cluster of this shape."""
-        return self.workers >= want.workers and self.cpus >= want.cpus and self.gpus >= want.gpus
+        return self.workers * self.per_node(want) >= want.workers
 
     def union(self, want: Shape) -> Shape:
-        """The smallest shape that covers both (a replacement serves the old runs' size too)."""
-        return Shape(max(self.workers, want.workers), max(self.cpus, want.cpus), max(self.gpus, want.gpus))
+        """The smallest cluster of nodes big enough for both that also has
+        room for either's workers (a replacement serves the old runs too)."""
+        node = Shape(1, max(self.cpus, want.cpus), max(self.gpus, want.gpus))
+        return Shape(max(-(-s.workers // node.per_node(s)) for s in (self, want)), node.cpus, node.gpus)
 
     def same_nodes(self, other: Shape) -> bool:
         """Whether both have nodes of one size (so one can grow into the other in place)."""
@@ -59,6 +72,7 @@ class Observed:
     runs: int  # runs using it now
     idle_s: float  # since the last run on it ended (0 while runs use it)
     spark_waiting_s: float  # how long other Spark tasks have waited for slots (0: none wait)
+    replacement_waiting: bool = False  # a run waits for the runs on it to end, to replace it
 
 
 class RunStep(enum.Enum):
@@ -69,6 +83,7 @@ class RunStep(enum.Enum):
     GROW = "grow"  # same nodes, too few: add nodes in place
     REPLACE = "replace"  # other nodes needed, nobody using it: tear it down, start a bigger one
     WAIT = "wait"  # other nodes needed, but runs use it: wait for them to end, then ask again
+    QUEUE = "queue"  # another run waits to replace it: wait until that one is done, then ask again
 
 
 class IdleStep(enum.Enum):
@@ -85,9 +100,11 @@ def for_run(current: Observed | None, want: Shape) -> tuple[RunStep, Shape]:
     if not current.usable:
         # Runs on a failing cluster end with its error; the next one starts anew.
         return (RunStep.WAIT if current.runs else RunStep.START), want
+    target = current.shape.union(want)
+    if current.replacement_waiting and current.shape.same_nodes(target):
+        return RunStep.QUEUE, target  # it would fit (or grow): the run waiting to replace it goes first
     if current.shape.covers(want):
         return RunStep.USE, current.shape
-    target = current.shape.union(want)
     if current.shape.same_nodes(target):
         return RunStep.GROW, target
     if current.runs:
