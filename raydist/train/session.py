@@ -522,7 +522,11 @@ class TrainingSession:
         held = self._held
         if held is not None:
             self._retire(held, "this process is ending", force=True)
-        self.release_warm()
+        with self._changed:  # not waiting for a job on it: nothing waits at exit
+            warm, self._warm = self._warm, None
+            self._changed.notify_all()
+        if warm is not None:
+            warm.run.close()
 
 
 def training_session() -> TrainingSession:
