@@ -123,13 +123,14 @@ class TorchDistributor:
     def _fit_warm(self, session: Any, job: Callable[[], Any]) -> Any:
         with session.connected(
             self.cluster, workers=self.num_processes, cpus_per_worker=1, use_gpu=False, keep_warm_s=self.keep_warm_s
-        ):
-            return session.run_warm(
+        ) as handle:
+            return session.resident.run(
                 job,
                 workers=self.num_processes,
                 resources_per_worker={"CPU": 1},
                 max_failures=self.max_failures,
                 keep_alive_s=self.keep_warm_s,
+                raydist_cluster=handle is not None,
             )
 
     def _fit_fresh(self, job: Callable[[], Any]) -> Any:

@@ -302,7 +302,9 @@ class Supervisor:
         argv = [f"--address={self.head_address}" if a == f"--address={HEAD_FROM_LINK}" else a
                 for a in self.cfg["argv"]]
         host = self.cfg.get("node_ip") or "127.0.0.1"
-        taken: set[int] = set()
+        # Ports the plan named already (the driver picked a head's GCS,
+        # client and dashboard ports): Ray refuses one port for two components.
+        taken = ports_named(argv)
         for option in NODE_PORT_OPTIONS:
             if not any(a.startswith(f"--{option}") for a in argv):
                 argv.append(f"--{option}={free_port(host if host != '0.0.0.0' else '127.0.0.1', taken)}")
@@ -383,6 +385,16 @@ class Supervisor:
                 except OSError:
                     pass
         return code
+
+
+def ports_named(argv: list[str]) -> set[int]:
+    """The port numbers a ``ray start`` command line gives (``--...port=N``)."""
+    found = set()
+    for arg in argv:
+        name, _, value = arg.partition("=")
+        if name.startswith("--") and name.endswith("port") and value.isdigit():
+            found.add(int(value))
+    return found
 
 
 def main() -> int:

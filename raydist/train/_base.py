@@ -10,13 +10,15 @@ from raydist.errors import TrainingConfigError
 __all__ = ["Facade", "fit_ready"]
 
 
-def fit_ready(trainer: Any) -> Any:
+def fit_ready(trainer: Any, *, raydist_cluster: bool) -> Any:
     """Adapt a Ray Train trainer to the cluster this process is connected to,
     just before ``fit``; returns it. Ctrl-C aborts the run and raises
-    KeyboardInterrupt at once (:mod:`raydist.train._signals`). Leaves out two
-    of Ray Train V2's default helpers where they can do nothing, each a
-    Python process of its own (on a small host, a second of CPU each at the
-    start of every run):
+    KeyboardInterrupt at once (:mod:`raydist.train._signals`). Leaves out
+    what can do nothing there, each a Python process of its own (on a small
+    host, a second or more of CPU at the start of every run): on a raydist
+    cluster (``raydist_cluster``) Ray's autoscaling coordinator, which those
+    clusters do not use (:mod:`raydist.train._policy`), and anywhere two of
+    Ray Train V2's default helpers:
 
     - the datasets helper (``DatasetsCallback``), when the trainer has no
       datasets: it starts a dataset-manager actor, and Ray Data's autoscaling
@@ -35,6 +37,8 @@ def fit_ready(trainer: Any) -> Any:
     from raydist.train._signals import abort_on_interrupt
 
     abort_on_interrupt(trainer)
+    if raydist_cluster:
+        _without_autoscaling_coordinator(trainer)
     node = getattr(ray_worker, "_global_node", None)
     idle: list[type] = []
     if node is not None and not getattr(node, "webui_url", None):
@@ -50,6 +54,25 @@ def fit_ready(trainer: Any) -> Any:
 
     trainer._create_default_callbacks = callbacks
     return trainer
+
+
+def _without_autoscaling_coordinator(trainer: Any) -> None:
+    """Give the run's controller Ray's fixed scaling policy without its
+    registration with Ray's autoscaling coordinator (:mod:`raydist.train._policy`
+    says why); any other policy is left as it is."""
+    from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
+
+    from raydist.train._policy import FixedScalingWithoutCoordinator
+
+    start = trainer._initialize_and_run_controller
+
+    def initialize_and_run_controller(**kwargs: Any) -> Any:
+        policy = kwargs.get("scaling_policy")
+        if type(policy) is FixedScalingPolicy:
+            kwargs["scaling_policy"] = FixedScalingWithoutCoordinator(policy.scaling_config)
+        return start(**kwargs)
+
+    trainer._initialize_and_run_controller = initialize_and_run_controller
 
 
 class Facade:
@@ -160,9 +183,9 @@ class Facade:
         from raydist.train.session import training_session
 
         session = training_session()
-        session.release_warm()  # warm workers of this process would hold the CPUs this fit needs
+        session.resident.release()  # resident workers of this process would hold the CPUs this fit needs
         cpus = int(self.resources_per_worker.get("CPU", 1) or 0)
         with keyboard_interrupts(), session.connected(
             self.cluster, workers=self.workers, cpus_per_worker=cpus, use_gpu=self.use_gpu, keep_warm_s=self.keep_warm_s
-        ):
-            return fit_ready(self.build()).fit()
+        ) as handle:
+            return fit_ready(self.build(), raydist_cluster=handle is not None).fit()

@@ -29,11 +29,13 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from raydist.engine.connection import connected_address, same_address
 from raydist.errors import ClusterFailedError
 
-__all__ = ["ResidentRun", "TORCHRUN_PRIORITY_ENV"]
+__all__ = ["ResidentRun", "ResidentRuns", "TORCHRUN_PRIORITY_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +140,10 @@ class ResidentRun:
         resources_per_worker: Mapping[str, float] | None = None,
         max_failures: int = 0,
         keep_alive_s: float,
+        raydist_cluster: bool = True,
     ) -> None:
         self.workers = workers
+        self.raydist_cluster = raydist_cluster
         self.resources_per_worker = dict(resources_per_worker or {"CPU": 1})
         self.max_failures = max_failures
         self.keep_alive_s = keep_alive_s
@@ -182,7 +186,7 @@ class ResidentRun:
                 failure_config=FailureConfig(max_failures=self.max_failures),
                 worker_runtime_env=TORCHRUN_PRIORITY_ENV,
             ),
-        ))
+        ), raydist_cluster=self.raydist_cluster)
         # The run's controller gets its settings from the context the run starts in.
         with run_settings(_IDLE_HEALTH_CHECK):
             context = contextvars.copy_context()
@@ -299,3 +303,98 @@ class ResidentRun:
                 ray.kill(board)
             except Exception:  # noqa: BLE001
                 pass
+
+
+@dataclass(eq=False)
+class _Kept:
+    """The resident run, what it was started for, and whether a job is on it now."""
+
+    key: tuple[Any, ...]
+    run: ResidentRun
+    in_use: bool = True
+
+
+class ResidentRuns:
+    """This process's resident run: at most one, leased a job at a time.
+
+    Its workers hold the CPUs another run would need, so there is one: a job
+    for the same workers takes it (after another thread's job on it), a job
+    for other workers ends it and starts its own (likewise after the job on
+    it), and a run with workers of its own ends it first (:meth:`release`).
+    When this process is about to disconnect from its cluster, it is let go
+    without waiting (:meth:`let_go`): its actors end with the connection.
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()  # guards _kept; never held while calling out
+        self._kept: _Kept | None = None
+
+    def run(self, job: Callable[[], Any], *, workers: int, resources_per_worker: Mapping[str, float],
+            max_failures: int, keep_alive_s: float, raydist_cluster: bool = True) -> Any:
+        """Run ``job()`` on the resident run for these settings on the
+        connected cluster (started if needed; ``raydist_cluster``: that
+        cluster is raydist's own); rank 0's return value. One that differs
+        only in ``keep_alive_s`` takes the new value."""
+        key = (connected_address(), workers, tuple(sorted(resources_per_worker.items())), max_failures)
+        kept = self._take(key, workers, resources_per_worker, max_failures, keep_alive_s, raydist_cluster)
+        try:
+            kept.run.keep_alive(keep_alive_s)
+            return kept.run.run(job)
+        finally:
+            with self._changed:
+                kept.in_use = False
+                self._changed.notify_all()
+
+    def _take(self, key: tuple[Any, ...], workers: int, resources_per_worker: Mapping[str, float],
+              max_failures: int, keep_alive_s: float, raydist_cluster: bool) -> _Kept:
+        with self._changed:
+            self._changed.wait_for(lambda: self._kept is None or not self._kept.in_use)
+            old = self._kept
+            if old is not None and old.key == key and old.run.alive:
+                old.in_use = True
+                return old
+            new = _Kept(key, ResidentRun(workers=workers, resources_per_worker=resources_per_worker,
+                                         max_failures=max_failures, keep_alive_s=keep_alive_s,
+                                         raydist_cluster=raydist_cluster))
+            self._kept = new
+        if old is not None:
+            old.run.close()
+        try:
+            new.run.start()
+        except BaseException:
+            with self._changed:
+                if self._kept is new:
+                    self._kept = None
+                self._changed.notify_all()
+            raise
+        return new
+
+    def release(self) -> None:
+        """End the resident run, if any, once no job is on it, so its
+        workers' CPUs are free."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._kept is None or not self._kept.in_use)
+            kept, self._kept = self._kept, None
+            self._changed.notify_all()
+        if kept is not None:
+            kept.run.close()
+
+    def let_go(self, address: str) -> None:
+        """This process is about to disconnect from ``address`` (hooked into
+        :func:`raydist.engine.connection.process_ray`): the run there ends
+        with the connection; a job on it (another thread's) fails with why."""
+        with self._changed:
+            kept = self._kept
+            if kept is None or not kept.key[0] or not same_address(kept.key[0], address):
+                return
+            self._kept = None
+            self._changed.notify_all()
+        kept.run.abandon()
+
+    def close(self) -> None:
+        """End the resident run now, a job on it or not (at exit nothing waits)."""
+        with self._changed:
+            kept, self._kept = self._kept, None
+            self._changed.notify_all()
+        if kept is not None:
+            kept.run.close()

@@ -10,16 +10,15 @@ outlives one run:
   needs more, and retired when it has idled ``keep_warm_s``, when other Spark
   jobs wait for its task slots, when its SparkSession stops, or at exit. The
   decisions are the pure rules of :mod:`raydist.train.session_rules`;
-- the warm Ray Train run (:class:`~raydist.train.resident.ResidentRun`) on the
-  cluster this process is connected to: one at a time, since its workers hold
-  the CPUs a different run would need;
+- the resident (warm) Ray Train run on the cluster this process is connected
+  to (:class:`~raydist.train.resident.ResidentRuns`, ``.resident``);
 - the local forker (:class:`~raydist.train.local.LocalRun`) for runs on this
   machine (``local_mode=True``).
 
-Runs *lease* what they use: a session cluster with runs on it is never torn
-down or replaced (a run that needs other nodes waits for them to end), and a
-warm run serves one job at a time (another thread's job waits its turn).
-Each session cluster has exactly one reaper thread, which ends with it.
+Runs *lease* the session cluster: one with runs on it is never torn down or
+replaced (a run that needs other nodes waits for them to end, and runs that
+fit queue behind it). Each session cluster has exactly one reaper thread,
+which ends with it.
 
 Locks: ``_lifecycle`` serializes starting, growing and retiring session
 clusters and is always taken first; ``_lock`` guards the fields and is never
@@ -36,7 +35,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -50,12 +49,12 @@ from raydist.errors import (
     TrainingConfigError,
 )
 from raydist.spec import State
+from raydist.train.resident import ResidentRuns
 from raydist.train.session_rules import IdleStep, Observed, RunStep, Shape, for_run, while_idle
 
 if TYPE_CHECKING:
     from raydist.engine.cluster import RayCluster
     from raydist.train.local import LocalRun
-    from raydist.train.resident import ResidentRun
 
 __all__ = ["TrainingSession", "training_session", "DEFAULT_KEEP_WARM_S", "RUN_ENV"]
 
@@ -89,15 +88,6 @@ class _Held:
     gone: threading.Event = field(default_factory=threading.Event)
 
 
-@dataclass(eq=False)
-class _Warm:
-    """The warm run, its settings, and whether a job is on it now."""
-
-    key: tuple[Any, ...]
-    run: ResidentRun
-    in_use: bool = True
-
-
 class TrainingSession:
     """This process's session cluster, warm run and local forker (see the
     module docstring). Get it with :func:`training_session`."""
@@ -109,9 +99,10 @@ class TrainingSession:
         self._held: _Held | None = None
         self._replacers = 0  # runs waiting for the runs on the session cluster to end, to replace it
         self._keep_warm_s = DEFAULT_KEEP_WARM_S
-        self._warm: _Warm | None = None
         self._local: LocalRun | None = None
-        process_ray().before_disconnect(self._before_disconnect)
+        #: The resident (warm) Ray Train run on the connected cluster.
+        self.resident = ResidentRuns()
+        process_ray().before_disconnect(self.resident.let_go)
 
     # ----------------------------------------------------------- clusters
 
@@ -172,7 +163,7 @@ class TrainingSession:
             raise
         finally:
             if connected_here:
-                self.release_warm()
+                self.resident.release()
                 ray.shutdown()
             if held is not None:
                 self._unlease(held)
@@ -410,7 +401,7 @@ class TrainingSession:
 
     def _retire_locked(self, held: _Held, why: str) -> None:
         """Tear ``held`` down (``_lifecycle`` held). This process disconnects
-        from it first, and its warm run ends (:meth:`_before_disconnect`)."""
+        from it first, and the resident run on it ends (``ResidentRuns.let_go``)."""
         with self._changed:
             if self._held is held:
                 self._held = None
@@ -420,80 +411,6 @@ class TrainingSession:
             held.cluster.down()
         finally:
             held.gone.set()
-
-    def _before_disconnect(self, address: str) -> None:
-        """This process is about to disconnect from ``address`` (its cluster
-        goes, or a run moves to another): hooked into
-        :func:`raydist.engine.connection.process_ray`. The warm run there
-        belongs to this driver and ends with the connection: let go of it
-        without waiting (a job on it, another thread's, fails with why)."""
-        with self._changed:
-            warm = self._warm
-            if warm is None or not warm.key[0] or not same_address(warm.key[0], address):
-                return
-            self._warm = None
-            self._changed.notify_all()
-        warm.run.abandon()
-
-    # ------------------------------------------------------------ warm runs
-
-    def run_warm(
-        self,
-        job: Callable[[], Any],
-        *,
-        workers: int,
-        resources_per_worker: Mapping[str, float],
-        max_failures: int,
-        keep_alive_s: float,
-    ) -> Any:
-        """Run ``job()`` on the warm run for these settings on the connected
-        cluster (started if needed); rank 0's return value. A warm run of
-        other workers ends first, once its job (another thread's) is done;
-        one that differs only in ``keep_alive_s`` takes the new value."""
-        key = (connected_address(), workers, tuple(sorted(resources_per_worker.items())), max_failures)
-        warm = self._take_warm(key, workers, resources_per_worker, max_failures, keep_alive_s)
-        try:
-            warm.run.keep_alive(keep_alive_s)
-            return warm.run.run(job)
-        finally:
-            with self._changed:
-                warm.in_use = False
-                self._changed.notify_all()
-
-    def _take_warm(self, key: tuple[Any, ...], workers: int, resources_per_worker: Mapping[str, float],
-                   max_failures: int, keep_alive_s: float) -> _Warm:
-        from raydist.train.resident import ResidentRun
-
-        with self._changed:
-            self._changed.wait_for(lambda: self._warm is None or not self._warm.in_use)
-            old = self._warm
-            if old is not None and old.key == key and old.run.alive:
-                old.in_use = True
-                return old
-            new = _Warm(key, ResidentRun(workers=workers, resources_per_worker=resources_per_worker,
-                                         max_failures=max_failures, keep_alive_s=keep_alive_s))
-            self._warm = new
-        if old is not None:
-            old.run.close()
-        try:
-            new.run.start()
-        except BaseException:
-            with self._changed:
-                if self._warm is new:
-                    self._warm = None
-                self._changed.notify_all()
-            raise
-        return new
-
-    def release_warm(self) -> None:
-        """End the warm run, if any, once no job is on it, so its workers'
-        CPUs are free (a run with its own workers needs them)."""
-        with self._changed:
-            self._changed.wait_for(lambda: self._warm is None or not self._warm.in_use)
-            warm, self._warm = self._warm, None
-            self._changed.notify_all()
-        if warm is not None:
-            warm.run.close()
 
     # ----------------------------------------------------------- local runs
 
@@ -522,11 +439,7 @@ class TrainingSession:
         held = self._held
         if held is not None:
             self._retire(held, "this process is ending", force=True)
-        with self._changed:  # not waiting for a job on it: nothing waits at exit
-            warm, self._warm = self._warm, None
-            self._changed.notify_all()
-        if warm is not None:
-            warm.run.close()
+        self.resident.close()
 
 
 def training_session() -> TrainingSession:
