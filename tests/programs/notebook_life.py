@@ -173,6 +173,8 @@ spark.stop()
 out["cluster_after_stop"] = session_cluster()
 out["connected_after_stop"] = connected()
 spark = session()
+# A distributor belongs to the session it was made in (Spark's keeps it): a new one.
+distributor = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
 out["run7"], out["run7_s"] = timed(distributor.run, train, 0.1)
 spark.stop()
 if not ORIGINAL:
