@@ -16,7 +16,7 @@ demo: venv
 
 ## The whole test suite (real Spark local-cluster, real Ray).
 test: venv
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 tests
 
 ## Pure-logic tests only (no Spark, no Ray cluster).
 test-fast: venv
