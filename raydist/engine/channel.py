@@ -44,6 +44,7 @@ from raydist.engine.wire import (
     LinkBroken,
     LinkClosed,
     enable_keepalive,
+    encode,
     send,
 )
 
@@ -273,6 +274,10 @@ class NodeChannel:
         given = str(hello.get("secret", "")).encode() if isinstance(hello, dict) else b""
         if not isinstance(hello, dict) or hello.get("type") != "hello" or not hmac.compare_digest(given, self._secret):
             log.warning("refused a node connection without the cluster's secret")
+            try:
+                conn.sendall(encode({"type": "refused"}))
+            except OSError:
+                pass
             conn.close()
             return
         conn.setblocking(True)

@@ -64,6 +64,7 @@ from raydist.engine.wire import (
     LineReader,
     LinkBroken,
     LinkClosed,
+    LinkRefused,
     enable_keepalive,
     encode,
     send,
@@ -137,7 +138,11 @@ class Supervisor:
             try:
                 welcome = reader.read()
             except LinkClosed as exc:
-                raise LinkClosed("the driver refused this node's hello") from exc
+                # Not a refusal: the driver's handshake timer may have fired
+                # on a hello that a blip swallowed.
+                raise LinkBroken("the driver closed the link during the handshake") from exc
+            if welcome.get("type") == "refused":
+                raise LinkRefused("the driver refused this node's hello")
             if welcome.get("type") != "welcome":
                 raise LinkBroken("the driver did not welcome this node")
             reader = LineReader(sock, idle_s=self.idle_s)
@@ -153,7 +158,7 @@ class Supervisor:
             try:
                 sock, reader = self._open(resume=False)
                 break
-            except LinkClosed:
+            except LinkRefused:
                 raise  # a wrong secret does not get better with retries
             except (OSError, LinkBroken):
                 if time.monotonic() > deadline:
@@ -239,7 +244,7 @@ class Supervisor:
         while not self.stop.is_set() and time.monotonic() < deadline:
             try:
                 sock, reader = self._open(resume=True)
-            except (ConnectionRefusedError, LinkClosed):
+            except (ConnectionRefusedError, LinkRefused):
                 return None  # nothing listens, or the driver refused: its channel is gone
             except (OSError, LinkBroken):
                 self.stop.wait(1.0)

@@ -27,6 +27,7 @@ __all__ = [
     "LineReader",
     "LinkBroken",
     "LinkClosed",
+    "LinkRefused",
     "enable_keepalive",
     "encode",
     "send",
@@ -53,7 +54,16 @@ class LinkBroken(Exception):
 
 
 class LinkClosed(LinkBroken):
-    """The peer closed the link (during a handshake: it refused it)."""
+    """The peer closed the link."""
+
+
+class LinkRefused(LinkClosed):
+    """The driver said no to a hello (a wrong secret): retrying cannot help.
+
+    Only an explicit ``refused`` answer means this. A connection that closes
+    without one during a handshake may be the driver's handshake timer firing
+    on a hello a network blip swallowed, and is worth another try.
+    """
 
 
 def encode(message: dict[str, Any]) -> bytes:
