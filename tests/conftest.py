@@ -59,10 +59,21 @@ def spark() -> Iterator[object]:
     release_shared_spark()
 
 
+def _describe(procs: list) -> list[str]:
+    """Each process as a reader can trace it: pid, parent, command line."""
+    out = []
+    for p in procs:
+        try:
+            out.append(f"{p.pid} (parent {p.ppid()}): {' '.join(p.cmdline())[:300]}")
+        except Exception:  # noqa: BLE001 - it ended while we looked
+            out.append(f"{p.pid} (gone)")
+    return out
+
+
 @pytest.fixture
 def no_leftover_ray() -> Iterator[None]:
     """Fail the test if Ray processes it started are still alive after it."""
     before = {p.pid for p in ray_processes()}
     yield
     left = wait_no_ray_processes(ignore=before)
-    assert not left, f"Ray processes left behind: {[(p.pid, p.name()) for p in left]}"
+    assert not left, f"Ray processes left behind: {_describe(left)}"
