@@ -91,10 +91,10 @@ class _Registry:
             return list(self._clusters.values())
 
     def embedded_spark(self, master: str | None, conf: Mapping[str, str]) -> SparkSession:
-        from raydist.engine.spark import embedded_session
+        from raydist.engine.spark import embedded_session, is_stopped
 
         with self._lock:
-            if self._owned_spark is None or self._owned_spark.sparkContext._jsc is None:
+            if self._owned_spark is None or is_stopped(self._owned_spark):
                 self._hook_exit()
                 if not verbose():
                     self.spark_log = logs_dir() / f"spark-driver-{os.getpid()}.log"

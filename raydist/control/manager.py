@@ -123,7 +123,10 @@ class ClusterManager:
         spark = self._spark
         if spark is None:
             return "", ""
-        return spark.sparkContext.master, spark.sparkContext.uiWebUrl or ""
+        from raydist.engine.sparkside import side_of
+
+        side = side_of(spark)
+        return side.master, side.ui_url
 
     # reads (from memory) ----------------------------------------------------
 

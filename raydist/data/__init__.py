@@ -21,6 +21,7 @@ import uuid
 from typing import Any
 
 from raydist.data._agent import AGENT_NAMESPACE, BlockAgent, fetch_blocks, send_partitions
+from raydist.engine.sparkside import side_of
 from raydist.errors import DataFormatError
 
 __all__ = ["from_spark", "to_spark"]
@@ -46,7 +47,7 @@ def from_spark(df: Any, cluster: Any = None) -> Any:
     job, secret = uuid.uuid4().hex, secrets.token_hex(16)
     ray.get([agent.expect.remote(job, secret) for agent in agents.values()])
     addresses = {ip: (ip, port) for ip, (_, port) in _ports(agents).items()}
-    driver_host = df.sparkSession.sparkContext.getConf().get("spark.driver.host", "127.0.0.1")
+    driver_host = side_of(df.sparkSession).driver_host()
     body = functools.partial(send_partitions, job, secret, addresses, driver_host, schema.serialize().to_pybytes())
     try:
         df.mapInArrow(body, "part int, rows long").collect()
@@ -125,9 +126,9 @@ def _check_free_slot(spark: Any) -> None:
     cap = spark_side.capacity(spark, wait_s=0)
     if cap.dynamic or cap.executors <= 0:
         return
-    tracker = spark.sparkContext.statusTracker()
-    busy = sum(info.numActiveTasks for sid in tracker.getActiveStageIds()
-               if (info := tracker.getStageInfo(sid)) is not None)
+    busy = side_of(spark).running_tasks()
+    if busy is None:
+        return  # Spark Connect shows no running tasks: the job itself will say, or wait
     total = cap.executors * cap.cores_per_executor
     if busy >= total:
         raise CapacityError(

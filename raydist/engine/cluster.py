@@ -37,6 +37,7 @@ from raydist.engine.procs import wait_processes_gone
 from raydist.engine.scaler import Scaler, elastic
 from raydist.engine.slot import NodeCounters, WorkerPool, WorkerSlot
 from raydist.engine.spark_jobs import WorkerJobs
+from raydist.engine.sparkside import side_of
 from raydist.engine.threads import spawn
 from raydist.errors import ClusterFailedError, NodeStartTimeoutError
 from raydist.jobs import Jobs
@@ -63,7 +64,8 @@ class RayCluster:
     ``dashboard``) when they are free, so a Service or firewall rule can name
     them; the others are free ports. ``head_in_task`` runs the head in a Spark
     task of its own instead of on the driver (the control plane does: no
-    tenant code then runs in its process tree, where its secrets are).
+    tenant code then runs in its process tree, where its secrets are); by
+    default it does on a Spark Connect session only.
 
     Attributes:
         spec: the desired cluster.
@@ -81,7 +83,7 @@ class RayCluster:
         token: RayToken | None = None,
         on_event: EventListener | None = None,
         head_ports: Mapping[str, int] | None = None,
-        head_in_task: bool = False,
+        head_in_task: bool | None = None,
     ) -> None:
         self.spec = spec
         self._head_ports = dict(head_ports or {})
@@ -107,6 +109,10 @@ class RayCluster:
                                 stopping=self._stopping, on_lost=self._on_worker_lost, record=self._record)
         self._scaler = Scaler(self._pool, start=self._jobs.start, cancel=self._jobs.cancel, record=self._record)
         self._cpus = 0  # CPUs per worker node, once launched
+        if head_in_task is None:
+            # A Connect client may be a laptop the executors cannot reach:
+            # its head runs in a Spark task, like the workers.
+            head_in_task = side_of(spark).kind == "connect"
         self._head = Head(in_task=head_in_task)
         self._channel: NodeChannel | None = None
         self.address = ""
@@ -303,10 +309,7 @@ class RayCluster:
         if channel is not None:
             for link in channel.links().values():
                 link.closed.wait(max(0.0, deadline - time.monotonic()))
-        try:
-            self._spark.sparkContext.cancelJobGroup(self._group)
-        except Exception as exc:  # noqa: BLE001 - a stopped SparkContext has no jobs left
-            log.debug("cancelJobGroup(%s): %s", self._group, exc)
+        side_of(self._spark).cancel(group=self._group)
         for thread in [s.thread for s in self._pool.every()] + [self._head.thread]:
             if thread is not None and thread is not threading.current_thread():
                 thread.join(max(0.1, deadline - time.monotonic()))
@@ -353,9 +356,7 @@ class RayCluster:
 
     def _launch(self, cap: spark_side.SparkCapacity, cpus: int) -> None:
         spec = self.spec
-        sc = self._spark.sparkContext
-        driver_host = sc.getConf().get("spark.driver.host", "127.0.0.1")
-        driver_ip = route_ip(driver_host)
+        driver_ip = route_ip(side_of(self._spark).driver_host())
         self._channel = NodeChannel(driver_ip, self._link_secret, self._on_link)
         if self._head.in_task:
             head_ip, ports = "", dict(self._head_ports)  # the head's task picks its host's ports

@@ -21,10 +21,10 @@ from typing import Any
 
 import psutil
 
-from raydist.engine import spark as spark_side
 from raydist.engine.channel import NodeLink
 from raydist.engine.launch import HEAD_KEY, NodePlan, run_head_node, start_head
 from raydist.engine.slot import first_error_line
+from raydist.engine.sparkside import side_of
 from raydist.spec import NodeStatus
 
 __all__ = ["Head"]
@@ -76,15 +76,15 @@ class Head:
 
         def run() -> None:
             reason = "its Spark task ended"
+            side = side_of(spark)
             try:
-                sc = spark.sparkContext
-                sc.setJobGroup(group, f"raydist cluster {cluster}: Ray head", True)
-                rdd = sc.parallelize([0], 1)
                 try:
-                    rdd = rdd.withResources(spark_side.resource_profile(spark, max(1, head_cpus), head_gpus))
+                    profile = side.resource_profile(max(1, head_cpus), head_gpus)
                 except Exception as exc:  # noqa: BLE001 - stage-level scheduling is optional
                     log.info("head task without its own resource profile (%s)", exc)
-                rdd.mapPartitions(functools.partial(run_head_node, plan)).collect()
+                    profile = None
+                side.run_tasks(functools.partial(run_head_node, plan), group=group, profile=profile,
+                               description=f"raydist cluster {cluster}: Ray head")
             except Exception as exc:  # noqa: BLE001 - any end of the job ends the head
                 reason = first_error_line(exc)
             on_job_end(reason)

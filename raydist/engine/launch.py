@@ -16,7 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -278,25 +278,25 @@ def start_head(plan: NodePlan, driver: psutil.Process) -> subprocess.Popen[bytes
                             watch=[driver], info=info)
 
 
-def run_worker_node(plan: NodePlan, _partition: Iterator[Any]) -> Iterator[str]:
+def run_worker_node(plan: NodePlan) -> str:
     """Body of a worker node's Spark task: run the node until it ends.
 
     Maps the task's CPUs and GPU addresses into the Ray node, starts the
     supervisor (which watches this process and the executor JVM), and waits.
-    Yields one JSON line describing how the node ended.
+    Returns one JSON line describing how the node ended.
     """
-    yield _run_in_task(plan)
+    return _run_in_task(plan)
 
 
-def warm_executor(_partition: Iterator[Any]) -> Iterator[str]:
+def warm_executor() -> str:
     """Body of a warm-up task: nothing but being run. Spark starts an
     executor's Python worker daemon for the first Python task with given
     task resources (about 1.5 s here); a warm-up task with a worker node's
-    resources takes that off the first scale-up. Yields this host's name."""
-    yield socket.gethostname()
+    resources takes that off the first scale-up. Returns this host's name."""
+    return socket.gethostname()
 
 
-def run_head_node(plan: NodePlan, _partition: Iterator[Any]) -> Iterator[str]:
+def run_head_node(plan: NodePlan) -> str:
     """Body of the head's Spark task (the control plane's clusters): the head
     runs on an executor, away from the control plane's process tree, on the
     head ports it prefers when they are free on this host, else free ones.
@@ -304,7 +304,7 @@ def run_head_node(plan: NodePlan, _partition: Iterator[Any]) -> Iterator[str]:
     node_ip = route_ip(plan.channel[0])
     taken: set[int] = set()
     ports = {name: preferred_or_free_port(node_ip, plan.head_ports.get(name), taken) for name in HEAD_PORTS}
-    yield _run_in_task(replace(plan, head_ports=ports, node_ip=node_ip))
+    return _run_in_task(replace(plan, head_ports=ports, node_ip=node_ip))
 
 
 def _run_in_task(plan: NodePlan) -> str:

@@ -1,7 +1,7 @@
 """The Spark side: an embedded SparkSession, executor capacity, resource profiles.
 
-Everything that talks to the JVM through py4j lives here, so the rest of the
-engine reads as plain Python.
+What differs between a classic and a Spark Connect session sits behind
+:mod:`raydist.engine.sparkside`; this module holds what is the same for both.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import logging
 import math
 import os
 import re
-import socket
 import sys
 import time
 from collections.abc import Mapping
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from raydist.engine.sizing import embedded_master, memory_limit
+from raydist.engine.sparkside import side_of
 from raydist.errors import CapacityError
 from raydist.spec import ClusterSpec, parse_size
 
@@ -89,43 +89,40 @@ def embedded_session(master: str | None = None, conf: Mapping[str, str] | None =
 
 
 def active_session() -> SparkSession | None:
-    """The SparkSession this process's code is using, if it has one that runs.
-    Looks only when pyspark is loaded: it never starts a JVM."""
-    if "pyspark.sql" not in sys.modules:
-        return None
-    from pyspark.sql import SparkSession
+    """The SparkSession this process's code is using, classic or Spark
+    Connect, if it has one that runs. Looks only at what pyspark has loaded:
+    it never starts a JVM or a connection."""
+    active: list[Any] = []
+    made: list[Any] = []
+    if "pyspark.sql" in sys.modules:
+        from pyspark.sql import SparkSession
 
-    try:
-        session = SparkSession.getActiveSession()
-    except Exception:  # noqa: BLE001 - a context being stopped right now
-        session = None
-    session = session or SparkSession._instantiatedSession
-    if session is None or is_stopped(session):
-        return None
-    return session
+        try:
+            active.append(SparkSession.getActiveSession())
+        except Exception:  # noqa: BLE001 - a context being stopped right now
+            pass
+        made.append(SparkSession._instantiatedSession)
+    if "pyspark.sql.connect.session" in sys.modules:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+        active.append(ConnectSession.getActiveSession())
+        made.append(ConnectSession._default_session)
+    candidates = active + made  # this thread's session first, then the process's
+    for session in candidates:
+        if session is not None and not is_stopped(session):
+            return session
+    return None
 
 
 def is_stopped(spark: SparkSession) -> bool:
-    """Whether ``spark.stop()`` has run (no JVM round trip)."""
-    return spark.sparkContext._jsc is None
+    """Whether ``spark.stop()`` has run (no round trip)."""
+    return side_of(spark).stopped()
 
 
-def waiting_tasks(spark: SparkSession, ignore_groups: frozenset[str] = frozenset()) -> int:
-    """Tasks of running Spark jobs (other than those of ``ignore_groups``)
-    that wait for a task slot, from Spark's status tracker."""
-    tracker = spark.sparkContext.statusTracker()
-    ignored = {job for group in ignore_groups for job in tracker.getJobIdsForGroup(group)}
-    theirs: set[int] = set()
-    for job_id in tracker.getActiveJobsIds():
-        job = None if job_id in ignored else tracker.getJobInfo(job_id)
-        if job is not None:
-            theirs.update(job.stageIds)
-    waiting = 0
-    for stage_id in tracker.getActiveStageIds():
-        stage = tracker.getStageInfo(stage_id) if stage_id in theirs else None
-        if stage is not None:
-            waiting += max(0, stage.numTasks - stage.numActiveTasks - stage.numCompletedTasks)
-    return waiting
+def waiting_tasks(spark: SparkSession, ignore_group: str = "") -> int | None:
+    """Tasks of other Spark jobs (not ``ignore_group``'s) that wait for a
+    task slot now; None where the session cannot tell (Spark Connect)."""
+    return side_of(spark).waiting_tasks(ignore_group)
 
 
 @dataclass(frozen=True)
@@ -149,29 +146,24 @@ class SparkCapacity:
         return per * self.executors
 
 
-def _conf(sc: Any, key: str, default: str | None = None) -> str | None:
-    value = sc.getConf().get(key, None)
-    return value if value is not None else default
-
-
 def capacity(spark: SparkSession, wait_s: float = 30.0) -> SparkCapacity:
     """Read executor count and sizes, waiting (up to ``wait_s``) for executors
     that the master promised but that have not registered yet."""
-    sc = spark.sparkContext
-    master = sc.master
+    side = side_of(spark)
+    master = side.master
     expected = None
-    cores = int(_conf(sc, "spark.executor.cores", "0") or 0)
-    memory = parse_size(_conf(sc, "spark.executor.memory", "1g"), "spark.executor.memory") or 0
+    cores = int(side.conf("spark.executor.cores", "0") or 0)
+    memory = parse_size(side.conf("spark.executor.memory", "1g"), "spark.executor.memory") or 0
     m = _LOCAL_CLUSTER.match(master)
     if m:
         expected, cores, memory = int(m.group(1)), int(m.group(2)), int(m.group(3)) << 20
-    elif _conf(sc, "spark.executor.instances"):
-        expected = int(_conf(sc, "spark.executor.instances") or 0)
-    elif master.startswith("spark://") and cores and _conf(sc, "spark.cores.max"):
+    elif side.conf("spark.executor.instances"):
+        expected = int(side.conf("spark.executor.instances") or 0)
+    elif master.startswith("spark://") and cores and side.conf("spark.cores.max"):
         # Standalone: the master spreads spark.cores.max over executors of
         # spark.executor.cores each.
-        expected = int(_conf(sc, "spark.cores.max") or 0) // cores
-    dynamic = (_conf(sc, "spark.dynamicAllocation.enabled", "false") or "").lower() == "true"
+        expected = int(side.conf("spark.cores.max") or 0) // cores
+    dynamic = (side.conf("spark.dynamicAllocation.enabled", "false") or "").lower() == "true"
     if master.startswith("local[") or master == "local":
         n = master[6:-1] if master.startswith("local[") else "1"
         cores = (os.cpu_count() or 1) if n == "*" else int(n.split(",")[0])
@@ -180,7 +172,7 @@ def capacity(spark: SparkSession, wait_s: float = 30.0) -> SparkCapacity:
     hosts: dict[str, int] = {}
     last, settled_at = -1, time.monotonic()
     while True:
-        hosts = _executor_hosts(sc)
+        hosts = side.executor_hosts()
         count = sum(hosts.values())
         if master.startswith("local"):
             count = max(count, 1)
@@ -194,10 +186,10 @@ def capacity(spark: SparkSession, wait_s: float = 30.0) -> SparkCapacity:
             break
         if time.monotonic() > deadline:
             break
-        time.sleep(0.1)
+        time.sleep(0.1 if side.kind == "classic" else 1.0)  # a Connect probe is a Spark job
     if not cores:
-        cores = int(sc.defaultParallelism // max(1, sum(hosts.values()))) or 1
-    gpus = float(_conf(sc, "spark.executor.resource.gpu.amount", "0") or 0)
+        cores = int(side.default_parallelism() // max(1, sum(hosts.values()))) or 1
+    gpus = float(side.conf("spark.executor.resource.gpu.amount", "0") or 0)
     return SparkCapacity(
         executors=sum(hosts.values()) if not master.startswith("local[") else 1,
         cores_per_executor=cores,
@@ -206,31 +198,6 @@ def capacity(spark: SparkSession, wait_s: float = 30.0) -> SparkCapacity:
         dynamic=dynamic,
         hosts=hosts,
     )
-
-
-def _executor_hosts(sc: Any) -> dict[str, int]:
-    """Executors per host. Spark's list includes the driver; it is dropped
-    from the driver's host (compared by address, since one side may report a
-    hostname and the other an IP)."""
-    infos = list(sc._jsc.sc().statusTracker().getExecutorInfos())
-    hosts: dict[str, int] = {}
-    for info in infos:
-        hosts[info.host()] = hosts.get(info.host(), 0) + 1
-    driver_ip = _resolve(sc.getConf().get("spark.driver.host", "localhost"))
-    for host in list(hosts):
-        if _resolve(host) == driver_ip:
-            hosts[host] -= 1
-            if hosts[host] <= 0:
-                del hosts[host]
-            break
-    return hosts
-
-
-def _resolve(host: str) -> str:
-    try:
-        return socket.gethostbyname(host)
-    except OSError:
-        return host
 
 
 def check_fits(spec: ClusterSpec, cap: SparkCapacity, cpus: int, head_task_cpus: int = 0) -> None:
@@ -286,9 +253,4 @@ def resource_profile(spark: SparkSession, cpus: int, gpus: float) -> Any:
     """A task-level ResourceProfile asking Spark for ``cpus`` and ``gpus``
     per task (stage-level scheduling), so each Ray node's Spark task holds
     exactly the resources the node announces to Ray."""
-    from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
-
-    req = TaskResourceRequests().cpus(cpus)
-    if gpus > 0:
-        req = req.resource("gpu", gpus)
-    return ResourceProfileBuilder().require(req).build
+    return side_of(spark).resource_profile(cpus, gpus)

@@ -1,10 +1,11 @@
 """The Spark side of worker nodes: one Spark job per worker slot.
 
 Each slot's job runs in a thread of its own (:func:`raydist.engine.slot.keep_filled`
-submits it again when it ends). All of a cluster's jobs share its job group, so
+submits it again when it ends). All of a cluster's jobs share its group, so
 teardown is one cancel; each slot's jobs also carry a tag of their own, so a
 slot the cluster no longer wants is cancelled alone, even while its job still
-waits for a free task slot.
+waits for a free task slot. The session's kind (classic or Connect) is
+:mod:`raydist.engine.sparkside`'s business.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from raydist.engine.launch import NodePlan, run_worker_node, warm_executor
 from raydist.engine.slot import WorkerSlot, keep_filled
+from raydist.engine.sparkside import side_of
 
 __all__ = ["WorkerJobs"]
 
@@ -30,7 +32,7 @@ class WorkerJobs:
 
     def __init__(self, spark: Any, *, group: str, cluster: str, temp_root: str, stopping: threading.Event,
                  on_lost: Callable[[WorkerSlot, str], bool], record: Callable[[str], None]) -> None:
-        self._spark = spark
+        self._side = side_of(spark)
         self._group = group
         self._cluster = cluster
         self._temp_root = temp_root
@@ -60,13 +62,10 @@ class WorkerJobs:
         running. In the cluster's job group: teardown cancels it."""
 
         def run() -> None:
-            sc = self._spark.sparkContext
-            sc.setJobGroup(self._group, f"raydist cluster {self._cluster}: warm the executors for new nodes", True)
-            rdd = sc.parallelize(range(executors), executors)
-            if self.profile is not None:
-                rdd = rdd.withResources(self.profile)
             try:
-                hosts = rdd.mapPartitions(warm_executor).collect()
+                hosts = self._side.run_tasks(
+                    warm_executor, executors, group=self._group, profile=self.profile,
+                    description=f"raydist cluster {self._cluster}: warm the executors for new nodes")
                 log.debug("cluster %s: warmed executors on %s", self._cluster, sorted(set(hosts)))
             except Exception as exc:  # noqa: BLE001 - an optimisation: a node starts without it too
                 log.debug("cluster %s: warm-up job ended: %s", self._cluster, exc)
@@ -75,10 +74,7 @@ class WorkerJobs:
 
     def cancel(self, slot: WorkerSlot) -> None:
         """Cancel ``slot``'s jobs (running or still waiting for a task slot)."""
-        try:
-            self._spark.sparkContext.cancelJobsWithTag(self._tag(slot))
-        except Exception as exc:  # noqa: BLE001 - the node's own stop ends its job anyway
-            log.debug("cancelJobsWithTag: %s", exc)
+        self._side.cancel(tag=self._tag(slot))  # the node's own stop ends its job anyway
 
     def _tag(self, slot: WorkerSlot) -> str:
         return f"{self._group}-{slot.tag}"
@@ -86,10 +82,6 @@ class WorkerJobs:
     def _run(self, slot: WorkerSlot) -> None:
         assert self.plan is not None
         plan = dataclasses.replace(self.plan, key=slot.key, temp_dir=self.temp_dir(slot))
-        sc = self._spark.sparkContext
-        sc.setJobGroup(self._group, f"raydist cluster {self._cluster}: Ray worker {slot.key}", True)
-        sc.addJobTag(self._tag(slot))  # tags are per thread: this thread's jobs are this slot's
-        rdd = sc.parallelize([slot.index], 1)
-        if self.profile is not None:
-            rdd = rdd.withResources(self.profile)
-        rdd.mapPartitions(functools.partial(run_worker_node, plan)).collect()
+        self._side.run_tasks(functools.partial(run_worker_node, plan), group=self._group, tag=self._tag(slot),
+                             profile=self.profile,
+                             description=f"raydist cluster {self._cluster}: Ray worker {slot.key}")

@@ -63,6 +63,10 @@ log = logging.getLogger(__name__)
 #: How long the session cluster, a warm run and the local forker stay up
 #: after the last run, unless the run asked otherwise.
 DEFAULT_KEEP_WARM_S = 120.0
+#: The longest a session cluster idles where Spark cannot show the waiting
+#: work it would yield to (Spark Connect): a Spark job right after a run
+#: waits at most this long for the cluster's slots.
+BLIND_KEEP_WARM_S = 15.0
 #: Ray Train settings for the runs raydist starts, unless the user set them
 #: (see :mod:`raydist.train._env`). ``report()`` waits on the controller's
 #: health-check poll, 2 s by default: raydist polls at 0.2 s. The preemption
@@ -345,19 +349,16 @@ class TrainingSession:
         """Retire the session cluster inside ``spark.stop()``, before Spark
         ends the tasks under its nodes (a run's workers would report their
         nodes lost, to the driver's console)."""
-        sc = spark.sparkContext
-        if getattr(sc.stop, "raydist_session", None) is self:
-            return
-        original = sc.stop
+        from raydist.engine.sparkside import side_of
 
-        def stop() -> None:
-            held = self._held
-            if held is not None and held.cluster.spark.sparkContext is sc:
-                self._retire(held, "its SparkSession is stopping", force=True)
-            original()
+        side_of(spark).on_stop(self._spark_stopping)
 
-        stop.raydist_session = self  # type: ignore[attr-defined]
-        sc.stop = stop  # this SparkContext object only
+    def _spark_stopping(self, spark: Any) -> None:
+        from raydist.engine.sparkside import side_of
+
+        held = self._held
+        if held is not None and side_of(held.cluster.spark).same_session(spark):
+            self._retire(held, "its SparkSession is stopping", force=True)
 
     def _reap(self, held: _Held) -> None:
         """The reaper of one session cluster: retires it when the rules say
@@ -365,15 +366,17 @@ class TrainingSession:
         from raydist.engine import spark as spark_side
 
         cluster = held.cluster
+        blind = False  # whether Spark shows this session's waiting work (not on Connect)
         while not held.gone.wait(_REAP_EVERY_S):
             with self._lock:
                 if self._held is not held:
                     return
                 runs = held.runs
-            waiting = 0
+            waiting: int | None = 0
             if not runs and not spark_side.is_stopped(cluster.spark):
                 try:
-                    waiting = spark_side.waiting_tasks(cluster.spark, frozenset({cluster.job_group}))
+                    waiting = spark_side.waiting_tasks(cluster.spark, cluster.job_group)
+                    blind = waiting is None
                 except Exception as e:  # noqa: BLE001 - the SparkContext is stopping under us
                     log.debug("reading Spark's status tracker: %s", e)
             with self._lock:
@@ -384,7 +387,8 @@ class TrainingSession:
                     held.spark_waiting_since = None
                 observed = self._observe(held, now)
                 assert observed is not None
-                step, why = while_idle(observed, self._keep_warm_s)
+                step, why = while_idle(observed, min(self._keep_warm_s, BLIND_KEEP_WARM_S)
+                                       if blind else self._keep_warm_s)
             if step is IdleStep.RETIRE:
                 self._retire(held, why)
 

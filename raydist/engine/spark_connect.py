@@ -1,0 +1,163 @@
+"""A Spark Connect session: no SparkContext here, only the DataFrame API over gRPC.
+
+A node's task is a one-row ``mapInArrow`` with the node's ResourceProfile;
+jobs carry tags (``spark.addTag``: the cluster's and the node's) and are
+cancelled with ``spark.interruptTag``. Executors are found by a short probe
+job, since Connect has no status tracker; for the same reason nobody here can
+see other work that waits for slots (:meth:`ConnectSide.waiting_tasks` is
+None, and the session cluster falls back on its idle hold).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import socket
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from raydist.engine.sparkside import SparkSide, TaskBody, _wrap_stop
+
+__all__ = ["ConnectSide"]
+
+log = logging.getLogger(__name__)
+
+_LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]")
+#: How long each probe task lingers, so that Spark spreads the probe over
+#: every executor with a free slot instead of reusing the first one.
+_PROBE_LINGER_S = 0.3
+
+
+def _arrow_body(body: TaskBody) -> Any:
+    """``mapInArrow`` function that runs ``body`` once per partition."""
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        for _ in batches:
+            pass  # the partition's one row says nothing; the body is the work
+        yield pa.RecordBatch.from_pylist([{"out": body()}], schema=pa.schema([("out", pa.string())]))
+
+    return run
+
+
+def executor_identity() -> str:
+    """Probe body: this task's host and executor (its JVM's pid)."""
+    import psutil
+
+    time.sleep(_PROBE_LINGER_S)
+    jvm = 0
+    try:
+        for proc in psutil.Process().parents():
+            if proc.name() == "java":
+                jvm = proc.pid
+                break
+    except psutil.Error:
+        pass
+    return json.dumps({"host": socket.gethostname(), "jvm": jvm})
+
+
+class ConnectSide(SparkSide):
+    kind = "connect"
+
+    def stopped(self) -> bool:
+        return bool(self.spark.is_stopped)
+
+    def conf(self, key: str, default: str | None = None) -> str | None:
+        try:
+            value = self.spark.conf.get(key, None)
+        except Exception as exc:  # noqa: BLE001 - a key the server will not show reads as unset
+            log.debug("conf.get(%s): %s", key, exc)
+            value = None
+        return value if value is not None else default
+
+    @property
+    def master(self) -> str:
+        return self.conf("spark.master", "") or ""
+
+    @contextlib.contextmanager
+    def _active(self) -> Iterator[None]:
+        """This session as the calling thread's active one: Connect resolves
+        resource profiles through the thread's active session, and engine
+        threads have none of their own."""
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+        slot = ConnectSession._active_session
+        previous = getattr(slot, "session", None)
+        slot.session = self.spark
+        try:
+            yield
+        finally:
+            slot.session = previous
+
+    def executor_hosts(self) -> dict[str, int]:
+        n = max(2, self.default_parallelism())
+        seen: set[tuple[str, int]] = set()
+        try:
+            for line in self.run_tasks(executor_identity, n, group=f"raydist-probe-{os.getpid()}",
+                                       description="raydist: find the executors"):
+                found = json.loads(line)
+                seen.add((str(found["host"]), int(found["jvm"])))
+        except Exception as exc:  # noqa: BLE001 - no probe, no executors known
+            log.info("executor probe failed: %s", exc)
+        hosts: dict[str, int] = {}
+        for host, _ in seen:
+            hosts[host] = hosts.get(host, 0) + 1
+        return hosts
+
+    def default_parallelism(self) -> int:
+        given = self.conf("spark.default.parallelism")
+        if given:
+            return int(given)
+        m = _LOCAL_CLUSTER.match(self.master)
+        if m:
+            return int(m.group(1)) * int(m.group(2))
+        return max(2, int(self.conf("spark.executor.instances", "0") or 0) *
+                   int(self.conf("spark.executor.cores", "1") or 1))
+
+    def run_tasks(self, body: TaskBody, n: int = 1, *, group: str, tag: str = "", profile: Any = None,
+                  description: str = "") -> list[str]:
+        labels = [label for label in (group, tag) if label]
+        with self._active():
+            for label in labels:
+                self.spark.addTag(label)  # this thread's operations only
+            try:
+                df = self.spark.range(n, numPartitions=n)
+                out = df.mapInArrow(_arrow_body(body), "out string", profile=profile)
+                return [row.out for row in out.collect()]
+            finally:
+                for label in labels:
+                    with contextlib.suppress(Exception):
+                        self.spark.removeTag(label)
+
+    def cancel(self, *, group: str = "", tag: str = "") -> None:
+        for label in (group, tag):
+            if label and not self.stopped():
+                try:
+                    self.spark.interruptTag(label)
+                except Exception as exc:  # noqa: BLE001 - a session going away has nothing left to cancel
+                    log.debug("interruptTag(%s): %s", label, exc)
+
+    def waiting_tasks(self, ignore_group: str = "") -> int | None:
+        return None  # Connect shows no scheduler state to a client
+
+    def running_tasks(self) -> int | None:
+        return None
+
+    def on_stop(self, hook: Callable[[Any], None]) -> None:
+        _wrap_stop(self.spark, self.spark, hook)
+
+    def resource_profile(self, cpus: int, gpus: float) -> Any:
+        from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+
+        req = TaskResourceRequests().cpus(cpus)
+        if gpus > 0:
+            req = req.resource("gpu", gpus)
+        profile = ResourceProfileBuilder().require(req).build
+        with self._active():
+            profile.id  # noqa: B018 - registered on the server now, in a thread that has the session
+        return profile

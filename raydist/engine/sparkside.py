@@ -1,0 +1,149 @@
+"""What the engine asks of a SparkSession, behind one small interface.
+
+A SparkSession is either classic (a SparkContext in this process, reached
+through py4j) or a Spark Connect client (``SparkSession.builder.remote(...)``:
+no SparkContext, no JVM here, only the DataFrame API over gRPC). The engine
+needs the same few things from both: run a few long tasks with given
+resources, cancel them by label, read settings and executors, and see
+whether other Spark work waits for task slots. :func:`side_of` picks the
+implementation from the session itself, so the rest of the engine never
+asks which kind it holds.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+__all__ = ["SparkSide", "TaskBody", "side_of", "is_connect"]
+
+#: A task's work: runs once in a Spark task and says how it ended, in one line.
+TaskBody = Callable[[], str]
+
+
+class SparkSide(abc.ABC):
+    """One SparkSession as the engine sees it.
+
+    Labels: every job belongs to its cluster's ``group`` (one cancel ends a
+    cluster) and may carry a ``tag`` of its own (one cancel ends one node,
+    even while its job still waits for a slot).
+    """
+
+    #: ``"classic"`` or ``"connect"``: for messages and the few places that
+    #: must differ by design (where a cluster's head may run).
+    kind: ClassVar[str]
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+
+    @abc.abstractmethod
+    def stopped(self) -> bool:
+        """Whether ``spark.stop()`` has run (cheap: no round trip)."""
+
+    @abc.abstractmethod
+    def conf(self, key: str, default: str | None = None) -> str | None:
+        """A Spark setting, or ``default`` when it is not set."""
+
+    @property
+    @abc.abstractmethod
+    def master(self) -> str:
+        """The application's master URL (``local-cluster[...]``, ``spark://...``)."""
+
+    @property
+    def ui_url(self) -> str:
+        """The Spark UI's address, where this session can tell."""
+        return ""
+
+    def driver_host(self) -> str:
+        return self.conf("spark.driver.host", "127.0.0.1") or "127.0.0.1"
+
+    @abc.abstractmethod
+    def executor_hosts(self) -> dict[str, int]:
+        """Executors registered now, per host (the driver left out)."""
+
+    @abc.abstractmethod
+    def default_parallelism(self) -> int:
+        """Spark's default number of task slots."""
+
+    @abc.abstractmethod
+    def run_tasks(self, body: TaskBody, n: int = 1, *, group: str, tag: str = "", profile: Any = None,
+                  description: str = "") -> list[str]:
+        """Run ``body`` in ``n`` tasks of one Spark job (with ``profile``'s
+        task resources when given) and return what each said. Blocks until
+        the job ends; raises what the job raised (a cancel included)."""
+
+    @abc.abstractmethod
+    def cancel(self, *, group: str = "", tag: str = "") -> None:
+        """Cancel the jobs of ``group`` or with ``tag``, running or waiting.
+        Never raises: a stopped session has nothing left to cancel."""
+
+    @abc.abstractmethod
+    def waiting_tasks(self, ignore_group: str = "") -> int | None:
+        """Tasks of other Spark jobs that wait for a slot now, or None when
+        this kind of session cannot tell."""
+
+    @abc.abstractmethod
+    def running_tasks(self) -> int | None:
+        """Tasks running now in the whole application, or None when this
+        kind of session cannot tell."""
+
+    @abc.abstractmethod
+    def on_stop(self, hook: Callable[[Any], None]) -> None:
+        """Run ``hook(spark)`` inside ``spark.stop()``, before Spark ends the
+        tasks (once, however often this is called with the same hook); the
+        hook tells its sessions from others with :meth:`same_session`."""
+
+    def same_session(self, other: Any) -> bool:
+        """Whether stopping ``other`` stops this session's Spark work."""
+        return other is self.spark
+
+    @abc.abstractmethod
+    def resource_profile(self, cpus: int, gpus: float) -> Any:
+        """A task ResourceProfile for ``cpus`` and ``gpus`` per task."""
+
+
+def _wrap_stop(owner: Any, spark: Any, hook: Callable[[Any], None]) -> None:
+    """``owner.stop()`` (this object only) runs ``hook(spark)`` first, once per hook."""
+    hooks: list[Callable[[Any], None]] | None = getattr(owner.stop, "raydist_hooks", None)
+    if hooks is None:
+        original = owner.stop
+        hooks = []
+
+        def stop(*args: Any, **kwargs: Any) -> Any:
+            for each in list(hooks):
+                each(spark)
+            return original(*args, **kwargs)
+
+        stop.raydist_hooks = hooks  # type: ignore[attr-defined]
+        owner.stop = stop
+    if hook not in hooks:
+        hooks.append(hook)
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (never starts anything)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+_sides: weakref.WeakKeyDictionary[Any, SparkSide] = weakref.WeakKeyDictionary()
+_sides_lock = threading.Lock()
+
+
+def side_of(spark: Any) -> SparkSide:
+    """The engine's view of ``spark``, one per session."""
+    with _sides_lock:
+        side = _sides.get(spark)
+        if side is None:
+            if is_connect(spark):
+                from raydist.engine.spark_connect import ConnectSide
+
+                side = ConnectSide(spark)
+            else:
+                from raydist.engine.spark_classic import ClassicSide
+
+                side = ClassicSide(spark)
+            _sides[spark] = side
+        return side

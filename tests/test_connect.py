@@ -1,0 +1,81 @@
+"""raydist from a Spark Connect client: a real Connect server (pip's pyspark,
+over local-cluster executors), the user's program in a process of its own
+(a process that opens a Connect session stays in Connect mode for good)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+
+import pytest
+
+from raydist.testing.connect import ConnectServer
+from tests.probe import run_program
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def connect_server() -> Iterator[ConnectServer]:
+    server = ConnectServer(master="local-cluster[2,1,1024]").start()
+    yield server
+    left = server.stop()
+    assert not left, f"the Connect server left processes behind: {left}"
+
+
+def _client(url: str, code: str) -> dict:
+    """``code`` in a fresh Connect client process; the JSON it prints last."""
+    prog = textwrap.dedent("""
+        import json, sys
+        from pyspark.sql import SparkSession
+        spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+    """) + textwrap.dedent(code)
+    proc = subprocess.run([sys.executable, "-c", prog, url], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_engine_sees_a_connect_session_as_spark(connect_server, no_leftover_ray) -> None:
+    seen = _client(connect_server.url, """
+        import threading, time
+        from raydist.engine import spark as spark_side
+        from raydist.engine.sparkside import side_of
+        side = side_of(spark)
+        cap = spark_side.capacity(spark)
+        profile = side.resource_profile(1, 0)
+        said = side.run_tasks(lambda: "ran", 2, group="g", profile=profile)
+        ended = {}
+        def long():
+            try:
+                side.run_tasks(lambda: __import__("time").sleep(120) or "", group="g2", tag="t2", profile=profile)
+                ended["how"] = "finished"
+            except Exception as e:
+                ended["how"] = type(e).__name__
+        t = threading.Thread(target=long)
+        t.start()
+        time.sleep(3)
+        t0 = time.monotonic()
+        side.cancel(tag="t2")
+        t.join(60)
+        print(json.dumps({"kind": side.kind, "executors": cap.executors, "cores": cap.cores_per_executor,
+                          "active": spark_side.active_session() is spark, "said": said,
+                          "cancelled": ended.get("how"), "cancel_s": time.monotonic() - t0,
+                          "waiting": side.waiting_tasks("g")}))
+    """)
+    assert seen["kind"] == "connect" and seen["active"]
+    assert (seen["executors"], seen["cores"]) == (2, 1)
+    assert seen["said"] == ["ran", "ran"]
+    assert seen["cancelled"] not in (None, "finished"), seen  # a tag's cancel ends its running job
+    assert seen["waiting"] is None  # Connect shows no scheduler state: the session cluster falls back
+
+
+def test_up_on_a_connect_session_runs_ray_and_gives_spark_back(connect_server, no_leftover_ray, tmp_path) -> None:
+    out = run_program("connect_user.py", connect_server.url, home=tmp_path)
+    assert out["state"] == "RUNNING" and out["workers_up"] == 1, out
+    assert out["squares"] == [0, 1, 4, 9]
+    assert out["nodes"] == 2  # the head (in a Spark task) and one worker
+    assert out["spark_sum"] == 4950  # the user's own Spark job after down()
+    assert out["left"] == []
