@@ -60,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--host", help="listen address (default 127.0.0.1)")
     s.add_argument("--port", type=int, help="gRPC port (default 50151)")
     s.add_argument("--spark-master", default=os.environ.get("RAYDIST_SPARK_MASTER"))
+    s.add_argument("--spark-remote", metavar="sc://HOST:PORT",
+                   help="a Spark reached through Spark Connect, instead of --spark-master")
     s.add_argument("--spark-conf", action="append", type=_conf_pair, default=[], metavar="KEY=VALUE",
                    help="a Spark setting for the server's SparkSession (repeatable)")
     s.add_argument("--tls-cert")
@@ -249,7 +251,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from raydist.control.server import ServerConfig, serve
 
     cfg = ServerConfig.load(args.config).merged(
-        host=args.host, port=args.port, spark_master=args.spark_master, tls_cert=args.tls_cert,
+        host=args.host, port=args.port, spark_master=args.spark_master, spark_remote=args.spark_remote,
+        tls_cert=args.tls_cert,
         tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, metrics_port=args.metrics_port,
         spark_conf=dict(args.spark_conf) or None, idle_stop_s=args.idle_stop_s, head=args.head,
     )

@@ -17,7 +17,7 @@ MASTER = "local-cluster[2,1,1024]"
 
 class Server:
     def __init__(self, home: Path, port: int, extra: list[str] | None = None,
-                 master: str = MASTER) -> None:
+                 master: str | None = MASTER) -> None:
         self.home, self.port = home, port
         self.extra = extra or []
         self.master = master
@@ -32,8 +32,8 @@ class Server:
         info.unlink(missing_ok=True)
         log = open(self.home / "test-server.log", "ab")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "raydist.cli", "serve", "--port", str(self.port), "--spark-master", self.master,
-             *self.extra],
+            [sys.executable, "-m", "raydist.cli", "serve", "--port", str(self.port),
+             *(["--spark-master", self.master] if self.master else []), *self.extra],
             env=self.env, stdout=log, stderr=log, start_new_session=True,
         )
         deadline = time.monotonic() + 60

@@ -41,6 +41,12 @@ def test_file_then_flags(tmp_path: Path) -> None:
     assert merged.spark_conf["spark.executor.memory"] == "2g" and merged.spark_conf["spark.executor.cores"] == "4"
 
 
+def test_a_connect_target_puts_every_head_in_a_task() -> None:
+    cfg = ServerConfig.from_toml("[spark]\nremote = 'sc://connect:15002'\n")
+    assert cfg.spark_remote == "sc://connect:15002" and cfg.spark_master is None
+    assert cfg.heads_in_tasks()  # a Connect client runs no Spark driver to put a head beside
+
+
 def test_defaults_without_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RAYDIST_CONFIG", raising=False)
     assert ServerConfig.load() == ServerConfig()
@@ -62,6 +68,9 @@ def test_defaults_without_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
         ("[server]\nport = 7000\n[ray]\ngcs_port = 7000\n", "ray.gcs_port"),
         ("[server]\nidle_stop_s = -1\n", "server.idle_stop_s"),
         ("[server]\nidle_stop_s = inf\n", "server.idle_stop_s"),
+        ("[spark]\nremote = 'http://x:15002'\n", "spark.remote"),
+        ("[spark]\nremote = 'sc://x:15002'\nmaster = 'spark://m:7077'\n", "spark.remote"),
+        ("[spark]\nremote = 'sc://x:15002'\n[ray]\nhead = 'driver'\n", "ray.head"),
         ("[extra]\n", "extra"),
         ("not toml [", "config"),
     ],

@@ -79,3 +79,56 @@ def test_up_on_a_connect_session_runs_ray_and_gives_spark_back(connect_server, n
     assert out["nodes"] == 2  # the head (in a Spark task) and one worker
     assert out["spark_sum"] == 4950  # the user's own Spark job after down()
     assert out["left"] == []
+
+
+def test_executors_without_raydist_fail_at_once_naming_their_python(tmp_path, no_leftover_ray) -> None:
+    # The executors' Python: this venv's interpreter with site-packages on the
+    # path but no .pth files, so Ray and pyarrow import and raydist (an
+    # editable install) does not: what a cluster without raydist installed sees.
+    import site
+
+    wrapper = tmp_path / "python-without-raydist"
+    wrapper.write_text(f'#!/bin/bash\nexport PYTHONPATH="{site.getsitepackages()[0]}:$PYTHONPATH"\n'
+                       f'exec {sys.executable} -S "$@"\n')
+    wrapper.chmod(0o755)
+    with ConnectServer(master="local-cluster[2,1,1024]", conf={"spark.pyspark.python": str(wrapper)}) as server:
+        seen = _client(server.url, """
+            import time
+            import raydist
+            from raydist.errors import RaydistError
+            t0 = time.monotonic()
+            try:
+                raydist.up(spark, workers=1, cpus_per_worker=1)
+                print(json.dumps({"error": None}))
+            except RaydistError as e:
+                print(json.dumps({"error": str(e), "type": type(e).__name__, "after_s": time.monotonic() - t0}))
+        """)
+    assert seen["error"] is not None, seen
+    assert str(wrapper) in seen["error"] and "cannot import raydist" in seen["error"], seen
+    assert "spark.pyspark.python" in seen["error"]  # the fix, named
+
+
+def test_serve_runs_clusters_on_a_spark_it_reaches_only_through_connect(connect_server, tmp_path) -> None:
+    from raydist.engine.ports import free_port
+    from raydist.engine.procs import ray_processes, wait_no_ray_processes
+    from tests.control_server import Server
+
+    before = {p.pid for p in ray_processes()}
+    server = Server(tmp_path, free_port(), extra=["--spark-remote", connect_server.url], master=None).start()
+    try:
+        up = server.cli("up", "viaconnect", "-w", "1", "--cpus-per-worker", "1")
+        assert up.returncode == 0, up.stdout + up.stderr + (tmp_path / "test-server.log").read_text()[-3000:]
+        info = json.loads(server.cli("status", "viaconnect", "-o", "json").stdout)
+        assert info["state"] == "RUNNING" and info["ready_workers"] == 1
+        assert [n["key"] for n in info["nodes"]] == ["head", "w0"]
+        # A Ray user, as `raydist up` tells them: eval "$(raydist env NAME)", then plain ray.init().
+        code = "import ray; ray.init(); print(ray.get(ray.remote(lambda: 'hi').remote()))"
+        ran = subprocess.run(
+            ["bash", "-c", f'eval "$({sys.executable} -m raydist.cli env viaconnect)" && {sys.executable} -c "{code}"'],
+            env=server.env, capture_output=True, text=True, timeout=180)
+        assert ran.returncode == 0 and ran.stdout.strip().splitlines()[-1] == "hi", ran.stderr[-3000:]
+        down = server.cli("down", "viaconnect")
+        assert down.returncode == 0, down.stderr
+    finally:
+        assert server.stop() == 0
+    assert not wait_no_ray_processes(ignore=before)

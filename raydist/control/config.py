@@ -10,6 +10,8 @@ one file, ``raydist.toml``::
 
     [spark]
     master = "k8s://https://kubernetes.default.svc"
+    # or, for a Spark reached only through Spark Connect:
+    # remote = "sc://spark-connect:15002"
 
     [spark.conf]
     "spark.executor.instances" = "2"
@@ -63,6 +65,9 @@ class ServerConfig:
             control plane that ``raydist up`` starts for you uses 600 s.
         tls_cert / tls_key / tls_client_ca: TLS, and mTLS with a client CA.
         spark_master: the Spark target; an embedded ``local-cluster`` when unset.
+        spark_remote: a Spark Connect target (``sc://host:port``) instead of
+            a master: the control plane is then a Connect client, and every
+            cluster's head runs in a Spark task.
         spark_conf: Spark settings for the server's SparkSession.
         head_ports: fixed head ports (``gcs``, ``client``, ``dashboard``) for
             the first cluster on a host, so a firewall rule can name them;
@@ -79,6 +84,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 50151
     spark_master: str | None = None
+    spark_remote: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None
@@ -121,6 +127,14 @@ class ServerConfig:
                             "give tls_cert and tls_key together")
         if self.tls_client_ca and not self.tls_cert:
             raise SpecError("server.tls_client_ca", self.tls_client_ca, "mTLS needs tls_cert and tls_key as well")
+        if self.spark_remote is not None:
+            if not isinstance(self.spark_remote, str) or not self.spark_remote.startswith("sc://"):
+                raise SpecError("spark.remote", self.spark_remote, "a Spark Connect address such as sc://host:15002")
+            if self.spark_master:
+                raise SpecError("spark.remote", self.spark_remote, "either spark.master or spark.remote, not both")
+            if self.head == "driver":
+                raise SpecError("ray.head", self.head, "'executor' or 'auto' with spark.remote: a Connect "
+                                "client runs no Spark driver, so heads run in Spark tasks")
         for key, value in self.spark_conf.items():
             if not key.startswith("spark."):
                 raise SpecError(f"spark.conf.{key}", value, "Spark settings start with 'spark.'")
@@ -156,11 +170,13 @@ class ServerConfig:
                 if not isinstance(value, str) or not value:
                     raise SpecError("spark.master", value, "a Spark master URL such as spark://host:7077")
                 kw["spark_master"] = value
+            elif key == "remote":
+                kw["spark_remote"] = value
             elif key == "conf":
                 conf = _table(spark, "conf", "spark.conf")
                 kw["spark_conf"] = {k: _conf_value(k, v) for k, v in conf.items()}
             else:
-                raise SpecError(f"spark.{key}", value, "keys are 'master' and 'conf'")
+                raise SpecError(f"spark.{key}", value, "keys are 'master', 'remote' and 'conf'")
         ports = {}
         for key, value in _table(data, "ray").items():
             if key == "head":
@@ -189,6 +205,8 @@ class ServerConfig:
         """Whether clusters' heads run in Spark tasks (``head``, resolved)."""
         if self.head != "auto":
             return self.head == "executor"
+        if self.spark_remote:
+            return True
         master = self.spark_master or os.environ.get("RAYDIST_SPARK_MASTER") or ""
         return bool(master) and not master.startswith("local")
 

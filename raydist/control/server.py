@@ -301,7 +301,7 @@ def _freeze_heap() -> None:
 
 async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None) -> int:
     """Run the control plane until SIGTERM/SIGINT; returns the exit code."""
-    from raydist.engine.spark import embedded_session
+    from raydist.engine.spark import connect_session, embedded_session
 
     loop = asyncio.get_running_loop()
     changed = asyncio.Condition()
@@ -316,7 +316,12 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
     state_dir = home()
     home_lock = hold_home(state_dir)  # one control plane per home, held until this process ends
     store = Store(state_dir / "state.db")
-    manager = ClusterManager(store, lambda: embedded_session(config.spark_master, config.spark_conf), notify,
+    def spark() -> Any:
+        if config.spark_remote:
+            return connect_session(config.spark_remote, config.spark_conf)
+        return embedded_session(config.spark_master, config.spark_conf)
+
+    manager = ClusterManager(store, spark, notify,
                              head_ports=config.head_ports, head_in_task=config.heads_in_tasks())
     metrics = _Metrics(manager.states, manager.node_counters)
     auth = _AuthInterceptor(load_or_create_server_token(), metrics)  # before Spark starts (see there)

@@ -37,7 +37,7 @@ from raydist.engine.procs import wait_processes_gone
 from raydist.engine.scaler import Scaler, elastic
 from raydist.engine.slot import NodeCounters, WorkerPool, WorkerSlot
 from raydist.engine.spark_jobs import WorkerJobs
-from raydist.engine.sparkside import side_of
+from raydist.engine.sparkside import missing_raydist, side_of
 from raydist.engine.threads import spawn
 from raydist.errors import ClusterFailedError, NodeStartTimeoutError
 from raydist.jobs import Jobs
@@ -387,6 +387,11 @@ class RayCluster:
         self.client_address = f"ray://{head_ip}:{ports['client']}"
         self.dashboard_url = f"http://{head_ip}:{ports['dashboard']}" if self.spec.dashboard else ""
 
+    def _missing_modules(self, reason: str) -> str | None:
+        """What to tell the user when a node's task ended because the
+        executors' Python cannot import raydist or Ray; None otherwise."""
+        return missing_raydist(side_of(self._spark), reason)
+
     def _on_head_job_end(self, reason: str) -> None:
         """The head's supervisor or Spark job ended: the cluster fails unless
         it is being torn down."""
@@ -398,7 +403,9 @@ class RayCluster:
             self._head.up = False
             where = "Spark task" if self._head.in_task else "node"
             tail = " | ".join(self._head.tail()[-3:])
-            self._set_state(State.FAILED, f"the head's {where} ended: {reason}" + (f": {tail}" if tail else ""))
+            missing = self._missing_modules(reason) if self._head.in_task else None
+            self._set_state(State.FAILED, missing or f"the head's {where} ended: {reason}"
+                            + (f": {tail}" if tail else ""))
         spawn(self.down, name=f"raydist-{self.name}-failed")
 
     def resize(self, workers: int | None = None, *, min_workers: int | None = None,
@@ -453,13 +460,9 @@ class RayCluster:
                     self._set_state(State.FAILED, "its SparkSession was stopped")
                     spawn(self.down, name=f"raydist-{self.name}-failed")
                 return False
-            if "No module named 'raydist'" in reason or "No module named 'ray'" in reason:
+            if (missing := self._missing_modules(reason)) is not None:
                 # Resubmitting cannot help: the executors' Python lacks raydist.
-                self._set_state(
-                    State.FAILED,
-                    f"executors cannot import raydist ({reason}); install raydist and Ray in the "
-                    "executors' Python environment (PYSPARK_PYTHON)",
-                )
+                self._set_state(State.FAILED, missing)
                 return False
             self._refresh_state(f"worker {slot.key} lost: {reason}")
         return self.spec.self_heal

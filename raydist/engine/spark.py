@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = [
-    "embedded_session", "active_session", "is_stopped", "waiting_tasks", "SparkCapacity", "capacity", "check_fits",
-    "resource_profile",
+    "connect_session", "embedded_session", "active_session", "is_stopped", "waiting_tasks", "SparkCapacity",
+    "capacity", "check_fits", "resource_profile",
 ]
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,18 @@ def embedded_session(master: str | None = None, conf: Mapping[str, str] | None =
         SparkContext(conf=spark_conf, gateway=gateway)
     builder = SparkSession.builder
     for key, value in settings.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def connect_session(url: str, conf: Mapping[str, str] | None = None) -> SparkSession:
+    """A Spark Connect session to ``url`` (``sc://host:port``) for raydist
+    to own (``raydist serve`` with ``[spark] remote``); ``conf``: session
+    settings. The server's executors must run a Python with raydist."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.remote(url)
+    for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 

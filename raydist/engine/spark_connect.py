@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from raydist.engine.sparkside import SparkSide, TaskBody, _wrap_stop
+from raydist.engine.sparkside import SparkSide, TaskBody, _wrap_stop, missing_raydist
+from raydist.errors import ClusterFailedError
 
 __all__ = ["ConnectSide"]
 
@@ -103,6 +104,8 @@ class ConnectSide(SparkSide):
                 found = json.loads(line)
                 seen.add((str(found["host"]), int(found["jvm"])))
         except Exception as exc:  # noqa: BLE001 - no probe, no executors known
+            if (missing := missing_raydist(self, str(exc))) is not None:
+                raise ClusterFailedError(missing) from None  # waiting for executors cannot help
             log.info("executor probe failed: %s", exc)
         hosts: dict[str, int] = {}
         for host, _ in seen:

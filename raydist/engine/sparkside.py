@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-__all__ = ["SparkSide", "TaskBody", "side_of", "is_connect"]
+__all__ = ["SparkSide", "TaskBody", "side_of", "is_connect", "missing_raydist"]
 
 #: A task's work: runs once in a Spark task and says how it ended, in one line.
 TaskBody = Callable[[], str]
@@ -103,6 +103,18 @@ class SparkSide(abc.ABC):
     @abc.abstractmethod
     def resource_profile(self, cpus: int, gpus: float) -> Any:
         """A task ResourceProfile for ``cpus`` and ``gpus`` per task."""
+
+
+def missing_raydist(side: SparkSide, reason: str) -> str | None:
+    """The message for a task that ended because the executors' Python
+    cannot import raydist or Ray (naming that Python and the fix); None when
+    ``reason`` says something else."""
+    if "No module named 'raydist'" not in reason and "No module named 'ray'" not in reason:
+        return None
+    python = side.conf("spark.pyspark.python") or "PYSPARK_PYTHON on the Spark side, else python3"
+    cause = next((line.strip() for line in reason.splitlines() if "No module named" in line), reason)
+    return (f"the executors' Python ({python}) cannot import raydist and Ray ({cause[:200]}): install raydist "
+            "there, or set spark.pyspark.python (PYSPARK_PYTHON) to a Python that has it")
 
 
 def _wrap_stop(owner: Any, spark: Any, hook: Callable[[Any], None]) -> None:

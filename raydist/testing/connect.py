@@ -73,7 +73,9 @@ class ConnectServer:
         for key, value in settings.items():
             argv += ["--conf", f"{key}={value}"]
         argv.append("spark-internal")
-        env = {**os.environ, "SPARK_HOME": str(spark_home()), "PYSPARK_PYTHON": sys.executable,
+        # The server starts Python workers with PYSPARK_PYTHON from its own
+        # environment, not spark.pyspark.python: both say the same here.
+        env = {**os.environ, "SPARK_HOME": str(spark_home()), "PYSPARK_PYTHON": settings["spark.pyspark.python"],
                "SPARK_LOG_DIR": str(self._dir)}
         env.pop("SPARK_REMOTE", None)
         env.pop("SPARK_CONNECT_MODE_ENABLED", None)

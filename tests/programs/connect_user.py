@@ -40,6 +40,7 @@ total = spark.range(100, numPartitions=2).selectExpr("sum(id) as s").collect()[0
 left = [p.pid for p in ray_processes() if p.pid not in before]
 spark.stop()
 print("RESULT " + json.dumps({
-    "ready_s": round(ready_s, 1), "state": status.state.value, "workers_up": sum(n.up for n in status.nodes if n.key != "head"),
+    "ready_s": round(ready_s, 1), "state": status.state.value,
+    "workers_up": sum(n.up for n in status.nodes if n.key != "head"),
     "squares": squares, "nodes": nodes, "spark_sum": total, "left": left,
 }))
