@@ -5,6 +5,7 @@ No Spark and no Ray imports here, so every rule is unit-tested directly.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -147,3 +148,9 @@ def embedded_master(cpu_count: int, memory_bytes: int, executors: int | None = N
     mem_mb = max(1024, int(memory_bytes * 0.25 / n) >> 20)
     mem_mb = min(mem_mb, 8192)
     return f"local-cluster[{n},{cores},{mem_mb}]"
+
+
+def local_cluster_shape(master: str) -> tuple[int, int, int] | None:
+    """(executors, cores each, MiB each) of a ``local-cluster[N,C,M]`` master; None for any other."""
+    m = re.match(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]", master)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import sys
 import time
 from collections.abc import Mapping
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from raydist.engine.sizing import embedded_master, memory_limit
+from raydist.engine.sizing import embedded_master, local_cluster_shape, memory_limit
 from raydist.engine.sparkside import side_of
 from raydist.errors import CapacityError
 from raydist.spec import ClusterSpec, parse_size
@@ -37,7 +36,6 @@ log = logging.getLogger(__name__)
 #: when the configuration does not say how many executors to expect.
 _SETTLE_S = 1.0
 
-_LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]")
 
 
 def embedded_session(master: str | None = None, conf: Mapping[str, str] | None = None, *,
@@ -166,9 +164,9 @@ def capacity(spark: SparkSession, wait_s: float = 30.0) -> SparkCapacity:
     expected = None
     cores = int(side.conf("spark.executor.cores", "0") or 0)
     memory = parse_size(side.conf("spark.executor.memory", "1g"), "spark.executor.memory") or 0
-    m = _LOCAL_CLUSTER.match(master)
-    if m:
-        expected, cores, memory = int(m.group(1)), int(m.group(2)), int(m.group(3)) << 20
+    shape = local_cluster_shape(master)
+    if shape is not None:
+        expected, cores, memory = shape[0], shape[1], shape[2] << 20
     elif side.conf("spark.executor.instances"):
         expected = int(side.conf("spark.executor.instances") or 0)
     elif master.startswith("spark://") and cores and side.conf("spark.cores.max"):

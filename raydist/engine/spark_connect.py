@@ -14,12 +14,12 @@ import contextlib
 import json
 import logging
 import os
-import re
 import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from raydist.engine.sizing import local_cluster_shape
 from raydist.engine.sparkside import SparkSide, TaskBody, _wrap_stop, missing_raydist
 from raydist.errors import ClusterFailedError
 
@@ -27,7 +27,6 @@ __all__ = ["ConnectSide"]
 
 log = logging.getLogger(__name__)
 
-_LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]")
 #: How long each probe task lingers, so that Spark spreads the probe over
 #: every executor with a free slot instead of reusing the first one.
 _PROBE_LINGER_S = 0.3
@@ -116,9 +115,9 @@ class ConnectSide(SparkSide):
         given = self.conf("spark.default.parallelism")
         if given:
             return int(given)
-        m = _LOCAL_CLUSTER.match(self.master)
-        if m:
-            return int(m.group(1)) * int(m.group(2))
+        shape = local_cluster_shape(self.master)
+        if shape is not None:
+            return shape[0] * shape[1]
         return max(2, int(self.conf("spark.executor.instances", "0") or 0) *
                    int(self.conf("spark.executor.cores", "1") or 1))
 
