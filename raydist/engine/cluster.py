@@ -387,11 +387,6 @@ class RayCluster:
         self.client_address = f"ray://{head_ip}:{ports['client']}"
         self.dashboard_url = f"http://{head_ip}:{ports['dashboard']}" if self.spec.dashboard else ""
 
-    def _missing_modules(self, reason: str) -> str | None:
-        """What to tell the user when a node's task ended because the
-        executors' Python cannot import raydist or Ray; None otherwise."""
-        return missing_raydist(side_of(self._spark), reason)
-
     def _on_head_job_end(self, reason: str) -> None:
         """The head's supervisor or Spark job ended: the cluster fails unless
         it is being torn down."""
@@ -403,7 +398,7 @@ class RayCluster:
             self._head.up = False
             where = "Spark task" if self._head.in_task else "node"
             tail = " | ".join(self._head.tail()[-3:])
-            missing = self._missing_modules(reason) if self._head.in_task else None
+            missing = missing_raydist(side_of(self._spark), reason) if self._head.in_task else None
             self._set_state(State.FAILED, missing or f"the head's {where} ended: {reason}"
                             + (f": {tail}" if tail else ""))
         spawn(self.down, name=f"raydist-{self.name}-failed")
@@ -460,7 +455,7 @@ class RayCluster:
                     self._set_state(State.FAILED, "its SparkSession was stopped")
                     spawn(self.down, name=f"raydist-{self.name}-failed")
                 return False
-            if (missing := self._missing_modules(reason)) is not None:
+            if (missing := missing_raydist(side_of(self._spark), reason)) is not None:
                 # Resubmitting cannot help: the executors' Python lacks raydist.
                 self._set_state(State.FAILED, missing)
                 return False

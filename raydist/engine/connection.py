@@ -33,13 +33,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 from raydist.engine.auth import RayToken, reload_auth_in_process
+from raydist.engine.ports import resolve_host
 from raydist.engine.threads import on_raydist_thread
 
 __all__ = ["ProcessRay", "DefaultEnv", "process_ray", "DEFAULT_KEYS", "same_address"]
@@ -262,14 +262,7 @@ def same_address(a: str, b: str) -> bool:
         return True
     host_a, _, port_a = a.rpartition(":")
     host_b, _, port_b = b.rpartition(":")
-    return port_a == port_b and _resolve(host_a) == _resolve(host_b)
-
-
-def _resolve(host: str) -> str:
-    try:
-        return socket.gethostbyname(host)
-    except OSError:
-        return host
+    return port_a == port_b and resolve_host(host_a) == resolve_host(host_b)
 
 
 _owner: ProcessRay | None = None

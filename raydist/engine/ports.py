@@ -15,7 +15,7 @@ import socket
 
 from raydist.engine.sizing import RAY_WORKER_PORTS
 
-__all__ = ["free_port", "preferred_or_free_port", "wait_for_port"]
+__all__ = ["free_port", "preferred_or_free_port", "wait_for_port", "resolve_host"]
 
 
 def free_port(host: str = "127.0.0.1", avoid: set[int] | None = None) -> int:
@@ -90,3 +90,12 @@ def wait_for_port(host: str, port: int, deadline: float, poll_s: float = 0.05) -
         except OSError:
             time.sleep(poll_s)
     return False
+
+
+def resolve_host(host: str) -> str:
+    """``host``'s IPv4 address, or ``host`` itself when it does not resolve
+    (so a name and an IP of the same machine compare equal)."""
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host

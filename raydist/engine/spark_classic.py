@@ -8,10 +8,10 @@ what other work waits for slots.
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from raydist.engine.ports import resolve_host
 from raydist.engine.sparkside import SparkSide, TaskBody, _wrap_stop
 
 __all__ = ["ClassicSide"]
@@ -48,9 +48,9 @@ class ClassicSide(SparkSide):
         hosts: dict[str, int] = {}
         for info in sc._jsc.sc().statusTracker().getExecutorInfos():
             hosts[info.host()] = hosts.get(info.host(), 0) + 1
-        driver_ip = _resolve(self.driver_host())
+        driver_ip = resolve_host(self.driver_host())
         for host in list(hosts):
-            if _resolve(host) == driver_ip:
+            if resolve_host(host) == driver_ip:
                 hosts[host] -= 1
                 if hosts[host] <= 0:
                     del hosts[host]
@@ -115,18 +115,3 @@ class ClassicSide(SparkSide):
 
     def same_session(self, other: Any) -> bool:
         return getattr(other, "sparkContext", None) is self.spark.sparkContext
-
-    def resource_profile(self, cpus: int, gpus: float) -> Any:
-        from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
-
-        req = TaskResourceRequests().cpus(cpus)
-        if gpus > 0:
-            req = req.resource("gpu", gpus)
-        return ResourceProfileBuilder().require(req).build
-
-
-def _resolve(host: str) -> str:
-    try:
-        return socket.gethostbyname(host)
-    except OSError:
-        return host

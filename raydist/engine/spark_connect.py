@@ -154,12 +154,7 @@ class ConnectSide(SparkSide):
         _wrap_stop(self.spark, self.spark, hook)
 
     def resource_profile(self, cpus: int, gpus: float) -> Any:
-        from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
-
-        req = TaskResourceRequests().cpus(cpus)
-        if gpus > 0:
-            req = req.resource("gpu", gpus)
-        profile = ResourceProfileBuilder().require(req).build
+        profile = super().resource_profile(cpus, gpus)
         with self._active():
             profile.id  # noqa: B018 - registered on the server now, in a thread that has the session
         return profile

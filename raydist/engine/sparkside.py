@@ -100,9 +100,14 @@ class SparkSide(abc.ABC):
         """Whether stopping ``other`` stops this session's Spark work."""
         return other is self.spark
 
-    @abc.abstractmethod
     def resource_profile(self, cpus: int, gpus: float) -> Any:
         """A task ResourceProfile for ``cpus`` and ``gpus`` per task."""
+        from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+
+        req = TaskResourceRequests().cpus(cpus)
+        if gpus > 0:
+            req = req.resource("gpu", gpus)
+        return ResourceProfileBuilder().require(req).build
 
 
 def missing_raydist(side: SparkSide, reason: str) -> str | None:
