@@ -5,7 +5,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # Tools spawned by name (`ray`, used by ray.util.spark) must come from .venv.
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: venv demo test test-fast bench-startup bench-startup-standalone bench-training bench-chaos bench-scaling lint
+.PHONY: venv demo test test-fast bench-startup bench-startup-standalone bench-training bench-chaos bench-scaling bench-connect lint
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -36,6 +36,9 @@ bench-chaos: venv
 
 bench-scaling: venv
 	$(PY) benchmarks/scaling.py
+
+bench-connect: venv
+	$(PY) benchmarks/connect.py
 
 lint: venv
 	$(PY) -m ruff check raydist tests benchmarks examples

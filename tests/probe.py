@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,14 +84,16 @@ def client_server_logs(cluster: Any, limit: int = 3000) -> str:
     return "\n".join(out)
 
 
-def run_program(name: str, *args: str, home: Path | None = None, timeout: float = 900) -> dict:
-    """Run a program as a user would, in a fresh process; its RESULT line."""
+def run_program(name: str, *args: str, home: Path | None = None, timeout: float = 900,
+                prefix: Sequence[str] = ()) -> dict:
+    """Run a program as a user would, in a fresh process (under ``prefix``:
+    ``ip netns exec <ns>``, say); its RESULT line."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))}
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     if home is not None:
         env["RAYDIST_HOME"] = str(home)
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-    proc = subprocess.run([sys.executable, str(PROGRAMS / name), *args], env=env, capture_output=True,
+    proc = subprocess.run([*prefix, sys.executable, str(PROGRAMS / name), *args], env=env, capture_output=True,
                           text=True, timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from raydist.testing.connect import ConnectServer
+from raydist.testing.netns import HostNetwork, netns_unavailable_reason
 from tests.probe import run_client_py, run_program
 
 pytestmark = pytest.mark.integration
@@ -141,3 +142,26 @@ def test_torch_distributor_on_connect_gives_what_pyspark_gives(connect_server, n
     ours = run_program("connect_distributor.py", connect_server.url, home=tmp_path)
     assert ours["losses"] == theirs["losses"] and len(ours["losses"]) == 2, (ours, theirs)
     assert ours["count"] == theirs["count"] == 10  # the user's own Spark work after the runs
+
+
+def test_a_client_nothing_can_dial_runs_a_cluster(no_leftover_ray, tmp_path) -> None:
+    """The Connect server and its executors on one host, the client on
+    another: the node links end in the head's task, and the client's host
+    never listens beyond loopback nor accepts a connection."""
+    if why := netns_unavailable_reason():
+        pytest.skip(why)
+    with HostNetwork(hosts=2) as net:
+        server_host = net.addresses[0]
+        server = ConnectServer(master="local-cluster[2,1,1024]", host=server_host, netns=net.names[0]).start()
+        try:
+            out = run_program("connect_unreachable.py", server.url, home=tmp_path,
+                              prefix=("ip", "netns", "exec", net.names[1]))
+        finally:
+            left = server.stop()
+    assert not left, f"the Connect server left processes behind: {left}"
+    assert out["state"] == "RUNNING" and out["workers_up"] == 1, out
+    assert out["address"].startswith(server_host + ":"), out  # the head runs on the server's host
+    assert out["squares"] == [0, 1, 4, 9]
+    assert any("relay" in event for event in out["events"]), out["events"]
+    assert out["listening"] == [] and out["accepted"] == [], out
+    assert out["spark_sum"] == 4950

@@ -155,6 +155,8 @@ class NodeChannel:
         self._server = socket.create_server((host, 0), backlog=64)
         self._server.setblocking(False)
         self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._adopted: deque[socket.socket] = deque()  # connections dialled out to a relay, to say hello
         self.host = host
         self.port: int = self._server.getsockname()[1]
         self._links: dict[str, NodeLink] = {}
@@ -172,6 +174,16 @@ class NodeChannel:
     def links(self) -> dict[str, NodeLink]:
         with self._lock:
             return dict(self._links)
+
+    def adopt(self, conn: socket.socket) -> None:
+        """Take a connection this process dialled (to the cluster's relay,
+        :mod:`raydist.engine.relay`) as if the supervisor at its far end had
+        connected here: its hello is read and checked the same way."""
+        self._adopted.append(conn)
+        try:
+            self._wake_w.send(b"a")
+        except OSError:
+            conn.close()  # the channel is closed
 
     def stop_all(self, *, hard: bool = False) -> None:
         """Tell every node to stop (``hard``: see :meth:`NodeLink.stop`),
@@ -220,18 +232,30 @@ class NodeChannel:
                 timeout = min((d for _, d in pending.values()), default=now + 1.0) - now
                 for key, _ in sel.select(max(0.0, timeout)):
                     sock = key.fileobj
-                    if sock is self._wake_r or self._closing:
+                    if self._closing:
                         continue
-                    if sock is self._server:
+                    new: list[socket.socket] = []
+                    if sock is self._wake_r:
                         try:
-                            conn, _ = self._server.accept()
+                            while self._wake_r.recv(4096):
+                                pass
                         except OSError:
+                            pass
+                        while self._adopted:
+                            new.append(self._adopted.popleft())
+                    elif sock is self._server:
+                        try:
+                            new.append(self._server.accept()[0])
+                        except OSError:
+                            time.sleep(0.05)  # out of file descriptors, say: back off, do not spin
                             continue
+                    for conn in new:
                         if len(pending) >= _MAX_PENDING:
                             drop(min(pending, key=lambda c: pending[c][1]))
                         conn.setblocking(False)
                         pending[conn] = (bytearray(), time.monotonic() + self._handshake_s)
                         sel.register(conn, selectors.EVENT_READ)
+                    if sock is self._wake_r or sock is self._server:
                         continue
                     assert isinstance(sock, socket.socket)
                     if sock not in pending:
@@ -259,6 +283,8 @@ class NodeChannel:
         finally:
             for conn in list(pending):
                 drop(conn)
+            while self._adopted:
+                self._adopted.popleft().close()
             sel.close()
             for s in (self._server, self._wake_r, self._wake_w):
                 try:

@@ -34,6 +34,7 @@ from raydist.engine.launch import HEAD_KEY, HEAD_PORTS, node_plans, route_ip
 from raydist.engine.outbox import Outbox
 from raydist.engine.ports import preferred_or_free_port
 from raydist.engine.procs import wait_processes_gone
+from raydist.engine.relay import RelayDialer
 from raydist.engine.scaler import Scaler, elastic
 from raydist.engine.slot import NodeCounters, WorkerPool, WorkerSlot
 from raydist.engine.spark_jobs import WorkerJobs
@@ -109,12 +110,13 @@ class RayCluster:
                                 stopping=self._stopping, on_lost=self._on_worker_lost, record=self._record)
         self._scaler = Scaler(self._pool, start=self._jobs.start, cancel=self._jobs.cancel, record=self._record)
         self._cpus = 0  # CPUs per worker node, once launched
-        if head_in_task is None:
-            # A Connect client may be a laptop the executors cannot reach:
-            # its head runs in a Spark task, like the workers.
-            head_in_task = side_of(spark).kind == "connect"
-        self._head = Head(in_task=head_in_task)
+        # A Connect client may be a laptop the executors cannot reach: its
+        # head runs in a Spark task, like the workers, and the node links end
+        # there (engine/relay.py); this process only ever dials out.
+        relay = side_of(spark).kind == "connect"
+        self._head = Head(in_task=bool(head_in_task), relay=relay)
         self._channel: NodeChannel | None = None
+        self._dialer: RelayDialer | None = None
         self.address = ""
         self.client_address = ""
         self.dashboard_url = ""
@@ -315,6 +317,8 @@ class RayCluster:
                 thread.join(max(0.1, deadline - time.monotonic()))
         if channel is not None:
             channel.close()
+        if self._dialer is not None:
+            self._dialer.close()
         if wait_processes_gone(f"raydist-{self._uid}", deadline):
             log.warning("cluster %s: some local Ray processes outlived the teardown deadline", self.name)
         shutil.rmtree(self._temp_root, ignore_errors=True)
@@ -357,7 +361,10 @@ class RayCluster:
     def _launch(self, cap: spark_side.SparkCapacity, cpus: int) -> None:
         spec = self.spec
         driver_ip = route_ip(side_of(self._spark).driver_host())
-        self._channel = NodeChannel(driver_ip, self._link_secret, self._on_link)
+        # Behind a relay nothing dials this process: its channel listens on
+        # loopback only and adopts the connections it dials out.
+        self._channel = NodeChannel("127.0.0.1" if self._head.relay else driver_ip, self._link_secret,
+                                    self._on_link)
         if self._head.in_task:
             head_ip, ports = "", dict(self._head_ports)  # the head's task picks its host's ports
         else:
@@ -370,8 +377,11 @@ class RayCluster:
             link_secret=self._link_secret, secret_env=self._token.env(), temp_dir=self._temp_root,
         )
         self._record("submitting the head's Spark task" if self._head.in_task else f"starting head at {self.address}")
-        self._head.start(head, spark=self._spark, group=self._group, cluster=self.name, head_cpus=spec.head_cpus,
-                         head_gpus=spec.head_gpus, on_job_end=self._on_head_job_end)
+        self._head.start(dataclasses.replace(head, relay=self._head.relay), spark=self._spark, group=self._group,
+                         cluster=self.name, head_cpus=spec.head_cpus, head_gpus=spec.head_gpus,
+                         on_job_end=self._on_head_job_end)
+        if self._head.relay:
+            self._dial_relay()
         try:
             self._jobs.profile = spark_side.resource_profile(self._spark, cpus, spec.gpus_per_worker)
         except Exception as exc:  # noqa: BLE001 - stage-level scheduling is optional
@@ -381,6 +391,19 @@ class RayCluster:
             self._jobs.start(slot)
         if elastic(spec) and len(self._pool.active()) < spec.desired_workers:
             self._jobs.warm(cap.executors)  # nodes added later skip Spark's Python worker start
+
+    def _dial_relay(self) -> None:
+        """Wait for the head's task to say where its relay listens, then
+        link to it; the workers' supervisors will connect there too."""
+        address = self._head.wait_relay(self._deadline)
+        if not address:
+            raise ClusterFailedError(self._message if self._state == State.FAILED else
+                                     f"the head's Spark task did not start within {self.spec.start_timeout_s:g} s")
+        host, port = address.rsplit(":", 1)
+        self._jobs.plan = dataclasses.replace(self._jobs.plan, channel=(host, int(port)))
+        assert self._channel is not None
+        self._dialer = RelayDialer((host, int(port)), self._link_secret, self._channel.adopt)
+        self._record(f"node links through the head's relay at {address}")
 
     def _set_addresses(self, head_ip: str, ports: Mapping[str, int]) -> None:
         self.address = f"{head_ip}:{ports['gcs']}"

@@ -35,8 +35,13 @@ log = logging.getLogger(__name__)
 class Head:
     """The head node of one cluster (``in_task``: in a Spark task of its own)."""
 
-    def __init__(self, in_task: bool) -> None:
-        self.in_task = in_task
+    def __init__(self, in_task: bool, relay: bool = False) -> None:
+        self.in_task = in_task or relay
+        #: The node links end in the head's task (:mod:`raydist.engine.relay`).
+        self.relay = relay
+        #: Where the head's relay listens ("host:port"), once its task said so.
+        self.relay_address = ""
+        self.announced = threading.Event()
         self.link: NodeLink | None = None
         self.up = False
         self.proc: subprocess.Popen[bytes] | None = None
@@ -83,14 +88,30 @@ class Head:
                 except Exception as exc:  # noqa: BLE001 - stage-level scheduling is optional
                     log.info("head task without its own resource profile (%s)", exc)
                     profile = None
-                side.run_tasks(functools.partial(run_head_node, plan), group=group, profile=profile,
-                               description=f"raydist cluster {cluster}: Ray head")
+                description = f"raydist cluster {cluster}: Ray head"
+                if self.relay:
+                    side.run_announcing(functools.partial(run_head_node, plan), group=group, profile=profile,
+                                        description=description, on_announce=self._on_announce)
+                else:
+                    side.run_tasks(functools.partial(run_head_node, plan), group=group, profile=profile,
+                                   description=description)
             except Exception as exc:  # noqa: BLE001 - any end of the job ends the head
                 reason = first_error_line(exc)
             on_job_end(reason)
+            self.announced.set()  # nobody waits for an address that never comes
 
         self.thread = threading.Thread(target=run, daemon=True, name=f"raydist-{cluster}-head")
         self.thread.start()
+
+    def _on_announce(self, address: str) -> None:
+        self.relay_address = address
+        self.announced.set()
+
+    def wait_relay(self, deadline: float) -> str:
+        """Where the head's relay listens, once its task announced it; ""
+        when the head's job ended first or ``deadline`` passed."""
+        self.announced.wait(max(0.0, deadline - time.monotonic()))
+        return self.relay_address
 
     def wait_stopped(self, deadline: float) -> None:
         """After the head was told to stop: wait for its supervisor on the

@@ -16,7 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from raydist.engine.ports import preferred_or_free_port
+from raydist.engine.relay import LinkRelay
 from raydist.engine.sizing import memory_limit, node_size, visible_gpus
 from raydist.engine.wire import HEAD_FROM_LINK
 
@@ -72,6 +73,9 @@ class NodePlan:
     deadline_s: float = 180.0
     dashboard: bool = False
     demand_s: float = 0.0  # the head reports Ray's demand this often (elastic clusters)
+    #: The head's task hosts the node links (:mod:`raydist.engine.relay`):
+    #: ``channel`` only names the host whose route picks the head's address.
+    relay: bool = False
 
     def __repr__(self) -> str:
         return f"NodePlan(cluster={self.cluster!r}, key={self.key!r}, head={self.head})"
@@ -296,15 +300,28 @@ def warm_executor() -> str:
     return socket.gethostname()
 
 
-def run_head_node(plan: NodePlan) -> str:
-    """Body of the head's Spark task (the control plane's clusters): the head
-    runs on an executor, away from the control plane's process tree, on the
-    head ports it prefers when they are free on this host, else free ones.
-    Its ``started`` report carries the ports it got."""
+def run_head_node(plan: NodePlan, announce: Callable[[str], None] | None = None) -> str:
+    """Body of the head's Spark task (the control plane's clusters, a Spark
+    Connect client's): the head runs on an executor, away from the driver's
+    process tree, on the head ports it prefers when they are free on this
+    host, else free ones. Its ``started`` report carries the ports it got.
+
+    With ``plan.relay`` the node links end here: the task runs the
+    cluster's :class:`~raydist.engine.relay.LinkRelay` for as long as the
+    head lives and ``announce`` tells the driver where it listens."""
     node_ip = route_ip(plan.channel[0])
     taken: set[int] = set()
     ports = {name: preferred_or_free_port(node_ip, plan.head_ports.get(name), taken) for name in HEAD_PORTS}
-    return _run_in_task(replace(plan, head_ports=ports, node_ip=node_ip))
+    plan = replace(plan, head_ports=ports, node_ip=node_ip)
+    if not plan.relay:
+        return _run_in_task(plan)
+    relay = LinkRelay(node_ip, plan.link_secret)
+    try:
+        if announce is not None:
+            announce(relay.address)
+        return _run_in_task(replace(plan, channel=(node_ip, relay.port)))
+    finally:
+        relay.close()
 
 
 def _run_in_task(plan: NodePlan) -> str:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from raydist.engine.sizing import local_cluster_shape
-from raydist.engine.sparkside import SparkSide, TaskBody, _wrap_stop, missing_raydist
+from raydist.engine.sparkside import AnnouncingBody, SparkSide, TaskBody, _wrap_stop, missing_raydist
 from raydist.errors import ClusterFailedError
 
 __all__ = ["ConnectSide"]
@@ -41,6 +41,36 @@ def _arrow_body(body: TaskBody) -> Any:
         for _ in batches:
             pass  # the partition's one row says nothing; the body is the work
         yield pa.RecordBatch.from_pylist([{"out": body()}], schema=pa.schema([("out", pa.string())]))
+
+    return run
+
+
+def _announcing_arrow_body(body: AnnouncingBody) -> Any:
+    """``mapInArrow`` function of a two-task barrier stage: task 1 runs
+    ``body``; task 0, the herald, waits for what the body announces (through
+    the barrier's ``allGather``, the one way a running task can speak) and
+    ends with it as its result, which Spark then delivers to the client."""
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        for _ in batches:
+            pass
+        if ctx.partitionId() == 0:
+            out = ctx.allGather("")[1]
+        else:
+            said: list[str] = []
+
+            def announce(line: str) -> None:
+                if not said:
+                    said.append(line)
+                    ctx.allGather(line)
+
+            out = body(announce)
+            announce("")  # a body that announced nothing still frees its herald
+        yield pa.RecordBatch.from_pylist([{"out": out}], schema=pa.schema([("out", pa.string())]))
 
     return run
 
@@ -121,20 +151,43 @@ class ConnectSide(SparkSide):
         return max(2, int(self.conf("spark.executor.instances", "0") or 0) *
                    int(self.conf("spark.executor.cores", "1") or 1))
 
-    def run_tasks(self, body: TaskBody, n: int = 1, *, group: str, tag: str = "", profile: Any = None,
-                  description: str = "") -> list[str]:
+    @contextlib.contextmanager
+    def _labelled(self, group: str, tag: str) -> Iterator[None]:
+        """The calling thread's operations carry ``group`` and ``tag``."""
         labels = [label for label in (group, tag) if label]
         with self._active():
             for label in labels:
                 self.spark.addTag(label)  # this thread's operations only
             try:
-                df = self.spark.range(n, numPartitions=n)
-                out = df.mapInArrow(_arrow_body(body), "out string", profile=profile)
-                return [row.out for row in out.collect()]
+                yield
             finally:
                 for label in labels:
                     with contextlib.suppress(Exception):
                         self.spark.removeTag(label)
+
+    def run_tasks(self, body: TaskBody, n: int = 1, *, group: str, tag: str = "", profile: Any = None,
+                  description: str = "") -> list[str]:
+        with self._labelled(group, tag):
+            df = self.spark.range(n, numPartitions=n)
+            out = df.mapInArrow(_arrow_body(body), "out string", profile=profile)
+            return [row.out for row in out.collect()]
+
+    def run_announcing(self, body: AnnouncingBody, *, group: str, tag: str = "", profile: Any = None,
+                       description: str = "", on_announce: Callable[[str], None]) -> str:
+        # The herald holds a task slot of the body's size for as long as the
+        # announcement takes to reach this process (seconds), then frees it.
+        with self._labelled(group, tag):
+            df = self.spark.range(2, numPartitions=2)
+            rows = df.mapInArrow(_announcing_arrow_body(body), "out string", barrier=True, profile=profile)
+            said, result = "", ""
+            for index, row in enumerate(rows.toLocalIterator()):  # in partition order: the herald's first
+                if index == 0:
+                    said = row.out
+                    if said:
+                        on_announce(said)
+                else:
+                    result = row.out
+            return result
 
     def cancel(self, *, group: str = "", tag: str = "") -> None:
         for label in (group, tag):

@@ -18,10 +18,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-__all__ = ["SparkSide", "TaskBody", "side_of", "is_connect", "missing_raydist"]
+__all__ = ["AnnouncingBody", "SparkSide", "TaskBody", "side_of", "is_connect", "missing_raydist"]
 
 #: A task's work: runs once in a Spark task and says how it ended, in one line.
 TaskBody = Callable[[], str]
+#: A task's work that may also say one line to the driver while it still runs
+#: (calling its argument once): where it can be reached, say.
+AnnouncingBody = Callable[[Callable[[str], None]], str]
 
 
 class SparkSide(abc.ABC):
@@ -74,6 +77,15 @@ class SparkSide(abc.ABC):
         """Run ``body`` in ``n`` tasks of one Spark job (with ``profile``'s
         task resources when given) and return what each said. Blocks until
         the job ends; raises what the job raised (a cancel included)."""
+
+    def run_announcing(self, body: AnnouncingBody, *, group: str, tag: str = "", profile: Any = None,
+                       description: str = "", on_announce: Callable[[str], None]) -> str:
+        """Run ``body`` in one task, as :meth:`run_tasks` does, and call
+        ``on_announce`` here with the line the body announces as soon as
+        Spark delivers it, while the body runs on. A task's result reaches
+        the driver only when the task ends, so this is how a long task says
+        where it listens to a driver that executors cannot dial."""
+        raise NotImplementedError(f"a {self.kind} Spark session runs no announcing tasks (its driver is reachable)")
 
     @abc.abstractmethod
     def cancel(self, *, group: str = "", tag: str = "") -> None:

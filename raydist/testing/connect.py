@@ -37,11 +37,14 @@ _MAIN = "org.apache.spark.sql.connect.service.SparkConnectServer"
 @dataclass
 class ConnectServer:
     """One Spark Connect server: ``master`` is its Spark master, ``conf``
-    more settings for its driver; ``host`` the address it listens on."""
+    more settings for its driver; ``host`` the address it listens on;
+    ``netns`` a network namespace (:mod:`raydist.testing.netns`) to run it,
+    and so its executors, in: another host, as a client sees it."""
 
     master: str = "local-cluster[2,1,2048]"
     conf: Mapping[str, str] = field(default_factory=dict)
     host: str = "127.0.0.1"
+    netns: str = ""
     start_timeout_s: float = 120.0
     port: int = 0
     _dir: Path | None = None
@@ -54,7 +57,8 @@ class ConnectServer:
 
     def start(self) -> ConnectServer:
         self._dir = Path(tempfile.mkdtemp(prefix="raydist-connect-"))
-        self.port = free_port(self.host)
+        # A namespace of its own is a fresh host: any port is free there.
+        self.port = free_port("127.0.0.1" if self.netns else self.host)
         settings = {
             "spark.connect.grpc.binding.address": self.host,
             "spark.connect.grpc.binding.port": str(self.port),
@@ -69,7 +73,8 @@ class ConnectServer:
             "spark.python.worker.reuse": "true",
             **self.conf,
         }
-        argv = [str(spark_home() / "bin" / "spark-submit"), "--master", self.master, "--class", _MAIN]
+        argv = [*(("ip", "netns", "exec", self.netns) if self.netns else ()),
+                str(spark_home() / "bin" / "spark-submit"), "--master", self.master, "--class", _MAIN]
         for key, value in settings.items():
             argv += ["--conf", f"{key}={value}"]
         argv.append("spark-internal")

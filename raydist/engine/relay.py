@@ -1,0 +1,386 @@
+"""The node link's far end inside the cluster, for a driver nobody can dial.
+
+A Spark Connect client may run where the executors cannot reach it (a laptop,
+a notebook sandbox). Its cluster's node links must then end inside the
+cluster: the head's Spark task runs a :class:`LinkRelay`, every supervisor
+(the head's included) connects to the relay as it would to the driver's
+channel, and the driver reaches the relay only by dialling out
+(:class:`RelayDialer`):
+
+* the driver holds one *control* connection to the relay; for each
+  supervisor that connects, the relay says ``dial`` with a fresh id;
+* the driver opens a *pair* connection naming that id, and the relay joins
+  the two byte streams; the driver's :class:`~raydist.engine.channel.NodeChannel`
+  adopts the pair connection as if it had accepted the supervisor itself.
+
+The link protocol (hello, heartbeats, resume, stop) passes through unchanged
+and is still checked at the driver; the relay checks only that control and
+pair connections carry the cluster's secret. An end that closes its side is
+passed on as a close, an end that breaks as a reset, so the driver and the
+supervisor each read the other's end exactly as on a direct link (a close:
+gone; a reset or silence: wait for a resume).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import secrets
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+
+from raydist.engine.wire import HANDSHAKE_S, HEARTBEAT_S, IDLE_S, LineReader, LinkBroken, enable_keepalive, encode
+
+__all__ = ["LinkRelay", "RelayDialer"]
+
+log = logging.getLogger(__name__)
+
+#: Longest first line the relay reads from a connection it does not know yet.
+_FIRST_MAX = 4096
+#: Connections allowed to be saying their first line, or waiting for the
+#: driver to dial their pair, at once; more are refused (closed) at once.
+_MAX_WAITING = 64
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with a reset, so the peer reads a broken link, not a close."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+    sock.close()
+
+
+def _first_line(sock: socket.socket, timeout: float) -> tuple[bytes, bytes] | None:
+    """The first line a new connection says within ``timeout`` (and what it
+    sent past it), or None."""
+    deadline = time.monotonic() + timeout
+    buf = bytearray()
+    while (end := buf.find(b"\n")) < 0:
+        left = deadline - time.monotonic()
+        if left <= 0 or len(buf) > _FIRST_MAX:
+            return None
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(_FIRST_MAX)
+        except OSError:
+            return None
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf[:end]), bytes(buf[end + 1:])
+
+
+class _Joint:
+    """Two connections joined both ways, one thread per direction. An end
+    that closes is passed on as a close; one that breaks, or :meth:`abort`,
+    resets both. Both sockets are closed, and ``ended`` called, once both
+    directions ended."""
+
+    def __init__(self, a: socket.socket, b: socket.socket, ended: Callable[[], None]) -> None:
+        self._a, self._b, self._ended = a, b, ended
+        self._aborted = False
+        self._left = 2
+        self._lock = threading.Lock()
+
+    def start(self, first: bytes) -> None:
+        """Start passing bytes; ``first``: what ``a`` said before ``b`` was there."""
+        a, b = self._a, self._b
+        try:
+            b.sendall(first)
+        except OSError:
+            self._left = 0
+            self._finish(reset=True)
+            return
+        threading.Thread(target=self._pump, args=(a, b), daemon=True, name="raydist-relay-up").start()
+        threading.Thread(target=self._pump, args=(b, a), daemon=True, name="raydist-relay-down").start()
+
+    def abort(self) -> None:
+        """Reset both ends now (the relay closes)."""
+        self._aborted = True
+        for sock in (self._a, self._b):
+            try:
+                sock.shutdown(socket.SHUT_RD)  # wakes the pump that reads it; sends nothing
+            except OSError:
+                pass
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        reset = True
+        try:
+            src.settimeout(None)
+            while chunk := src.recv(65536):
+                dst.sendall(chunk)
+            if not self._aborted:
+                dst.shutdown(socket.SHUT_WR)
+                reset = False
+        except OSError:
+            pass
+        if reset:
+            self._aborted = True
+            for sock in (self._a, self._b):
+                try:
+                    sock.shutdown(socket.SHUT_RD)
+                except OSError:
+                    pass
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._finish(reset=self._aborted)
+
+    def _finish(self, *, reset: bool) -> None:
+        for sock in (self._a, self._b):
+            if reset:
+                _reset(sock)
+            else:
+                sock.close()
+        self._ended()
+
+
+class LinkRelay:
+    """Listens on ``host`` in the head's task for supervisors and for the
+    driver's dial-outs (see the module docstring). ``close()`` ends it."""
+
+    def __init__(self, host: str, secret: str, *, wait_s: float = HANDSHAKE_S) -> None:
+        self._secret = secret.encode()
+        self._wait_s = wait_s
+        self._server = socket.create_server((host, 0), backlog=64)
+        self._server.settimeout(0.5)
+        self.host = host
+        self.port: int = self._server.getsockname()[1]
+        self._lock = threading.Lock()
+        self._control: socket.socket | None = None
+        self._control_lock = threading.Lock()  # one writer at a time on the control connection
+        self._waiting: dict[str, tuple[socket.socket, bytes, float]] = {}  # id -> supervisor, its bytes, deadline
+        self._joined: set[_Joint] = set()  # links passing through now
+        self._greeting = 0
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True, name=f"raydist-relay-{self.port}").start()
+        threading.Thread(target=self._heartbeat, daemon=True, name="raydist-relay-ping").start()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def close(self) -> None:
+        """Stop listening and reset every connection: the driver's, each
+        supervisor's, waiting or linked. A supervisor then finds nothing
+        listening here and stops its node at once (the head is gone)."""
+        self._closed.set()
+        with self._lock:
+            control, self._control = self._control, None
+            waiting, self._waiting = list(self._waiting.values()), {}
+            joined, self._joined = list(self._joined), set()
+        self._server.close()  # first: a reset supervisor that reconnects must find nothing listening
+        for joint in joined:
+            joint.abort()
+        for sock in [control, *(w[0] for w in waiting)]:
+            if sock is not None:
+                _reset(sock)
+
+    # internals ----------------------------------------------------------------
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            self._expire()
+            try:
+                conn, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if self._closed.is_set():
+                    return
+                time.sleep(0.1)  # out of file descriptors, say: back off, do not spin
+                continue
+            with self._lock:
+                full = self._greeting + len(self._waiting) >= _MAX_WAITING
+                if not full:
+                    self._greeting += 1
+            if full:
+                conn.close()
+                continue
+            threading.Thread(target=self._greet, args=(conn,), daemon=True, name="raydist-relay-greet").start()
+
+    def _greet(self, conn: socket.socket) -> None:
+        try:
+            said = _first_line(conn, self._wait_s)
+        finally:
+            with self._lock:
+                self._greeting -= 1
+        if said is None or self._closed.is_set():
+            conn.close()
+            return
+        first, rest = said
+        try:
+            msg = json.loads(first)
+        except ValueError:
+            msg = None
+        kind = msg.get("type") if isinstance(msg, dict) else None
+        if kind in ("relay-control", "relay-pair"):
+            assert isinstance(msg, dict)
+            if not hmac.compare_digest(str(msg.get("secret", "")).encode(), self._secret):
+                log.warning("relay: refused a driver connection without the cluster's secret")
+                conn.close()
+                return
+            enable_keepalive(conn)
+            if kind == "relay-control":
+                self._set_control(conn)
+            else:
+                self._pair(str(msg.get("id", "")), conn)
+            return
+        # A supervisor (its hello is checked by the driver): wait for a pair.
+        enable_keepalive(conn)
+        link_id = secrets.token_hex(8)
+        with self._lock:
+            self._waiting[link_id] = (conn, first + b"\n" + rest, time.monotonic() + self._wait_s)
+        self._tell({"type": "dial", "id": link_id})
+
+    def _set_control(self, conn: socket.socket) -> None:
+        with self._lock:
+            old, self._control = self._control, conn
+            waiting = list(self._waiting)
+        if old is not None:
+            _reset(old)
+        log.info("relay: the driver is connected")
+        for link_id in waiting:
+            self._tell({"type": "dial", "id": link_id})
+        threading.Thread(target=self._drain_control, args=(conn,), daemon=True, name="raydist-relay-ctl").start()
+
+    def _drain_control(self, conn: socket.socket) -> None:
+        """Read the driver's pings; forget the control connection when it ends."""
+        reader = LineReader(conn, idle_s=IDLE_S)
+        try:
+            while not self._closed.is_set():
+                reader.read()
+        except LinkBroken:
+            pass
+        with self._lock:
+            if self._control is conn:
+                self._control = None
+        conn.close()
+
+    def _pair(self, link_id: str, conn: socket.socket) -> None:
+        with self._lock:
+            waiting = self._waiting.pop(link_id, None)
+        if waiting is None:
+            conn.close()  # its supervisor gave up waiting, or the id is not ours
+            return
+        supervisor, first, _ = waiting
+        joint = _Joint(supervisor, conn, lambda: self._forget(joint))
+        with self._lock:
+            closed = self._closed.is_set()
+            if not closed:
+                self._joined.add(joint)
+        if closed:
+            _reset(supervisor)
+            _reset(conn)
+            return
+        joint.start(first)
+
+    def _forget(self, joint: _Joint) -> None:
+        with self._lock:
+            self._joined.discard(joint)
+
+    def _tell(self, message: dict[str, object]) -> None:
+        with self._lock:
+            control = self._control
+        if control is None:
+            return  # said again when the driver connects
+        try:
+            with self._control_lock:
+                control.sendall(encode(message))
+        except OSError:
+            _reset(control)
+
+    def _heartbeat(self) -> None:
+        while not self._closed.wait(HEARTBEAT_S):
+            self._tell({"type": "ping"})
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            gone = [k for k, (_, _, deadline) in self._waiting.items() if deadline <= now]
+            socks = [self._waiting.pop(k)[0] for k in gone]
+        for sock in socks:
+            sock.close()  # the supervisor reads a silent close and tries again
+
+
+class RelayDialer:
+    """The driver's end: keeps a control connection to the relay at
+    ``address`` and hands each pair connection to ``adopt`` (the channel).
+    Reconnects after a break until :meth:`close`."""
+
+    def __init__(self, address: tuple[str, int], secret: str, adopt: Callable[[socket.socket], None]) -> None:
+        self.address = address
+        self._secret = secret
+        self._adopt = adopt
+        self._closed = threading.Event()
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"raydist-dialer-{address[1]}")
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            try:
+                sock = socket.create_connection(self.address, timeout=HANDSHAKE_S)
+            except OSError as exc:
+                log.debug("relay %s: %s", self.address, exc)
+                self._closed.wait(0.5)
+                continue
+            with self._lock:
+                self._sock = sock
+            try:
+                self._serve(sock)
+            except (OSError, LinkBroken) as exc:
+                log.debug("relay %s: control link ended: %s", self.address, exc)
+            finally:
+                with self._lock:
+                    self._sock = None
+                sock.close()
+            self._closed.wait(0.2)
+
+    def _serve(self, sock: socket.socket) -> None:
+        enable_keepalive(sock)
+        send_lock = threading.Lock()
+        with send_lock:
+            sock.sendall(encode({"type": "relay-control", "secret": self._secret}))
+        reader = LineReader(sock, idle_s=IDLE_S)
+        last_ping = time.monotonic()
+        while not self._closed.is_set():
+            msg = reader.read()
+            if msg.get("type") == "dial":
+                threading.Thread(target=self._dial, args=(str(msg.get("id", "")),), daemon=True,
+                                 name="raydist-dialer-pair").start()
+            if time.monotonic() - last_ping >= HEARTBEAT_S:
+                with send_lock:
+                    sock.sendall(encode({"type": "ping"}))
+                last_ping = time.monotonic()
+
+    def _dial(self, link_id: str) -> None:
+        try:
+            conn = socket.create_connection(self.address, timeout=HANDSHAKE_S)
+        except OSError as exc:
+            log.debug("relay %s: pair %s: %s", self.address, link_id, exc)
+            return  # the supervisor's wait runs out, and it tries again
+        try:
+            conn.sendall(encode({"type": "relay-pair", "id": link_id, "secret": self._secret}))
+        except OSError:
+            conn.close()
+            return
+        self._adopt(conn)

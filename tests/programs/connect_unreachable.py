@@ -1,0 +1,72 @@
+"""A Connect client on a host that nobody can dial (a laptop behind NAT, a
+notebook sandbox), run by tests/test_connect.py in a network namespace of its
+own: ``raydist.up`` on the remote session, Ray work through Ray Client
+(``ray://``, the way any off-cluster Ray client connects), ``down()``, then
+the user's own Spark work. While it runs, a watcher records every TCP socket
+of this host that listens on, or was accepted at, an address other than
+loopback: a cluster that dials its client would need one. Prints one RESULT
+line."""
+
+import json
+import sys
+import threading
+import time
+
+import psutil
+import ray
+from pyspark.sql import SparkSession
+
+import raydist
+
+
+def _outward(addr: object) -> bool:
+    return bool(addr) and not str(addr.ip).startswith("127.")  # type: ignore[attr-defined]
+
+
+seen: dict[str, list[str]] = {"listening": [], "accepted": []}
+done = threading.Event()
+
+
+def watch() -> None:
+    """This namespace's TCP sockets (``/proc/net`` is per namespace), every 0.2 s."""
+    while not done.wait(0.2):
+        conns = psutil.net_connections(kind="tcp")
+        listening = {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN}
+        for c in conns:
+            if c.status == psutil.CONN_LISTEN and (_outward(c.laddr) or str(c.laddr.ip) in ("0.0.0.0", "::")):
+                seen["listening"].append(f"{c.laddr.ip}:{c.laddr.port} pid {c.pid}")
+            elif c.raddr and _outward(c.raddr) and c.laddr.port in listening:
+                seen["accepted"].append(f"{c.raddr.ip} -> {c.laddr.port} pid {c.pid}")
+
+
+watcher = threading.Thread(target=watch, daemon=True)
+watcher.start()
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+t0 = time.monotonic()
+cluster = raydist.up(spark, workers=1, cpus_per_worker=1)
+ready_s = time.monotonic() - t0
+status = cluster.status()
+
+ray.init(cluster.client_address)  # the token comes from the environment raydist.up set
+
+
+@ray.remote(num_cpus=1)
+def where(x: int) -> tuple[int, str]:
+    import socket
+
+    return x * x, socket.gethostbyname(socket.gethostname())
+
+
+answers = ray.get([where.remote(i) for i in range(4)])
+ray.shutdown()
+cluster.down()
+total = spark.range(100, numPartitions=2).selectExpr("sum(id) as s").collect()[0]["s"]
+spark.stop()
+done.set()
+watcher.join()
+print("RESULT " + json.dumps({
+    "ready_s": round(ready_s, 1), "state": status.state.value, "address": cluster.address,
+    "workers_up": sum(n.up for n in status.nodes if n.key != "head"),
+    "squares": [a[0] for a in answers], "events": [e for _, e in cluster.events()],
+    "spark_sum": total, "listening": sorted(set(seen["listening"])), "accepted": sorted(set(seen["accepted"])),
+}))

@@ -1,0 +1,133 @@
+"""Node links that end in the head's task (engine/relay.py): the driver only
+dials out. Real supervisors (with the stand-in node of test_supervisor), a
+real relay, a real channel and dialer, all on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from raydist.engine.channel import NodeChannel
+from raydist.engine.relay import LinkRelay, RelayDialer
+from raydist.engine.wire import encode
+from tests.test_supervisor import Recorder, _descendants, _living, _start_at
+
+
+@pytest.fixture
+def relayed() -> Iterator[tuple[NodeChannel, LinkRelay, RelayDialer, Recorder, str]]:
+    rec = Recorder()
+    secret = os.urandom(8).hex()
+    ch = NodeChannel("127.0.0.1", secret, rec)
+    relay = LinkRelay("127.0.0.1", secret)
+    dialer = RelayDialer(("127.0.0.1", relay.port), secret, ch.adopt)
+    yield ch, relay, dialer, rec, secret
+    dialer.close()
+    ch.close()
+    relay.close()
+
+
+def test_a_node_links_through_the_relay_and_stops_on_the_drivers_word(relayed) -> None:
+    ch, relay, _, rec, secret = relayed
+    sup = _start_at(("127.0.0.1", relay.port), secret, [])
+    try:
+        assert rec.wait("started"), rec.events
+        tree = _descendants(sup.pid)
+        assert ch.links()["w0"].pid == sup.pid  # the driver sees the supervisor itself, not the relay
+        ch.stop_all()
+        assert sup.wait(timeout=15) == 0
+        assert rec.wait("stopped")
+        assert not _living(tree)
+    finally:
+        if sup.poll() is None:
+            os.killpg(sup.pid, 9)
+
+
+def test_a_node_that_links_before_the_driver_dials_in_waits_for_it() -> None:
+    rec = Recorder()
+    secret = os.urandom(8).hex()
+    ch = NodeChannel("127.0.0.1", secret, rec)
+    relay = LinkRelay("127.0.0.1", secret)
+    sup = _start_at(("127.0.0.1", relay.port), secret, [])
+    try:
+        time.sleep(1.5)  # the supervisor says hello to a relay nobody has dialled yet
+        dialer = RelayDialer(("127.0.0.1", relay.port), secret, ch.adopt)
+        assert rec.wait("started"), rec.events
+        ch.stop_all()
+        assert sup.wait(timeout=15) == 0
+        dialer.close()
+    finally:
+        if sup.poll() is None:
+            os.killpg(sup.pid, 9)
+        ch.close()
+        relay.close()
+
+
+def test_when_the_driver_is_gone_the_node_goes_after_its_grace(relayed) -> None:
+    ch, relay, dialer, rec, secret = relayed
+    sup = _start_at(("127.0.0.1", relay.port), secret, [], grace_s=3)
+    try:
+        assert rec.wait("started")
+        tree = _descendants(sup.pid)
+        dialer.close()
+        ch.close()  # the driver is gone; the relay still listens, but nobody dials in
+        sup.wait(timeout=20)
+        assert not _living(tree)
+    finally:
+        if sup.poll() is None:
+            os.killpg(sup.pid, 9)
+
+
+def test_when_the_relay_is_gone_the_node_goes_at_once(relayed) -> None:
+    ch, relay, _, rec, secret = relayed
+    sup = _start_at(("127.0.0.1", relay.port), secret, [], grace_s=30)
+    try:
+        assert rec.wait("started")
+        tree = _descendants(sup.pid)
+        t0 = time.monotonic()
+        relay.close()  # the head's task ended: nothing listens where the node links
+        sup.wait(timeout=20)
+        assert time.monotonic() - t0 < 15  # well inside the 30 s grace: refused, not silent
+        assert not _living(tree)
+    finally:
+        if sup.poll() is None:
+            os.killpg(sup.pid, 9)
+
+
+def test_the_relay_admits_no_driver_without_the_clusters_secret() -> None:
+    relay = LinkRelay("127.0.0.1", "the-secret")
+    try:
+        stranger = socket.create_connection(("127.0.0.1", relay.port), timeout=5)
+        stranger.sendall(encode({"type": "relay-control", "secret": "a-guess"}))
+        assert stranger.recv(100) == b""  # closed, and no dial ever reaches it
+        node = socket.create_connection(("127.0.0.1", relay.port), timeout=5)
+        node.sendall(encode({"type": "hello", "key": "w0"}))
+        pair = socket.create_connection(("127.0.0.1", relay.port), timeout=5)
+        pair.sendall(encode({"type": "relay-pair", "id": "0" * 16, "secret": "a-guess"}))
+        assert pair.recv(100) == b""
+        node.settimeout(8)
+        assert node.recv(100) == b""  # nobody dialled its pair: dropped after the wait
+    finally:
+        relay.close()
+
+
+def test_a_relay_closes_every_socket_it_held(relayed) -> None:
+    ch, relay, _, rec, secret = relayed
+    sup = _start_at(("127.0.0.1", relay.port), secret, [])
+    try:
+        assert rec.wait("started")
+        ch.stop_all()
+        assert sup.wait(timeout=15) == 0
+    finally:
+        if sup.poll() is None:
+            os.killpg(sup.pid, 9)
+    relay.close()
+    time.sleep(0.5)
+    mine = [c for c in psutil.Process().net_connections(kind="tcp")
+            if c.laddr and c.laddr.port == relay.port and c.status != psutil.CONN_TIME_WAIT]
+    assert not mine, json.dumps([str(c) for c in mine])
