@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from raydist.engine.connection import connected_address, process_ray, same_address
+from raydist.engine.sparkside import is_connect
 from raydist.engine.threads import spawn
 from raydist.errors import (
     CapacityError,
@@ -83,6 +84,9 @@ class _Held:
 
     cluster: RayCluster
     shape: Shape
+    #: Worker shares the head node carries (1 where the head has a Spark task
+    #: of its own, on Connect): ``shape.workers`` counts it.
+    head_share: int = 0
     runs: int = 0
     idle_since: float = field(default_factory=time.monotonic)
     spark_waiting_since: float | None = None
@@ -303,16 +307,23 @@ class TrainingSession:
         from raydist.spec import ClusterSpec
 
         spark = spark_side.active_session() or api._registry.embedded_spark(None, {})
+        # A head in a Spark task of its own (Connect) holds a task slot: it
+        # carries one worker's share, so the cluster takes the slots Spark's
+        # own distributor would take, no more.
+        share = 1 if is_connect(spark) else 0
         spec = ClusterSpec(
             name=f"session-{secrets.token_hex(3)}",
-            workers=shape.workers,
+            workers=shape.workers - share,
             cpus_per_worker=shape.cpus,
             gpus_per_worker=shape.gpus,
+            head_cpus=shape.cpus * share,
+            head_gpus=shape.gpus * share,
         )
-        log.info("starting session cluster %s: %d workers x %d CPU", spec.name, shape.workers, shape.cpus)
+        log.info("starting session cluster %s: %d workers x %d CPU%s", spec.name, shape.workers, shape.cpus,
+                 " (one of them the head)" if share else "")
         cluster = RayCluster(spec, spark).launch()
         cluster.wait_head()
-        held = _Held(cluster, shape)
+        held = _Held(cluster, shape, head_share=share)
         spawn(self._watch_start, held, name=f"raydist-session-start-{spec.name}")
         spawn(self._reap, held, name=f"raydist-session-reaper-{spec.name}")
         self._stop_with(spark)
@@ -324,15 +335,16 @@ class TrainingSession:
         cluster = held.cluster
         log.info("growing session cluster %s to %d workers", cluster.name, shape.workers)
         before = held.shape
-        cluster.resize(workers=shape.workers)
+        cluster.resize(workers=shape.workers - held.head_share)
         with self._lock:
             held.shape = shape
-        if not cluster.wait_for_workers(shape.workers, timeout=cluster.spec.start_timeout_s):
-            cluster.resize(workers=before.workers)
+        if not cluster.wait_for_workers(shape.workers - held.head_share, timeout=cluster.spec.start_timeout_s):
+            cluster.resize(workers=before.workers - held.head_share)
             with self._lock:
                 held.shape = before
             ready = cluster.status().ready_workers
-            raise NodeStartTimeoutError(expected=shape.workers, started=ready, timeout=cluster.spec.start_timeout_s,
+            raise NodeStartTimeoutError(expected=shape.workers, started=ready + held.head_share,
+                                        timeout=cluster.spec.start_timeout_s,
                                         pending={"session cluster": ["no free Spark task slot for the added nodes?"]})
 
     def _watch_start(self, held: _Held) -> None:
