@@ -18,6 +18,11 @@ import changed:
 Before the first measurement a warm-up client runs a Python job on every
 slot, so that neither side pays for the executors' first Python start alone.
 
+The floor: the same first run on bare Ray, with no Spark at all (a head and a
+worker node of one CPU each started by ``ray.cluster_utils.Cluster``, then one
+``ray.train.torch.TorchTrainer.fit`` of the same function), measured in the
+same run. A first-run target below it is this machine's floor, not raydist's.
+
 Last line (one line)::
 
   connect_first_run_ratio=<raydist/pyspark> connect_sweep_ratio=<raydist/pyspark>
@@ -80,6 +85,8 @@ def _distributor(impl: str):  # type: ignore[no-untyped-def]
 def child(mode: str, impl: str, url: str) -> dict:
     if mode == "startup-classic":
         return _startup_classic()
+    if mode == "bare":
+        return _bare_ray()
     from pyspark.sql import SparkSession
 
     spark = SparkSession.builder.remote(url).getOrCreate()
@@ -127,6 +134,43 @@ def _startup_classic() -> dict:
         spark.stop()
 
 
+def _bare_ray() -> dict:
+    """The floor: a fresh two-node Ray cluster and one Ray Train run of ``train``."""
+    import psutil
+    import ray
+    from ray.cluster_utils import Cluster
+
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    t = time.monotonic()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1)
+        ray.init(cluster.address)
+        from ray.train import ScalingConfig
+        from ray.train.torch import TorchTrainer
+
+        def loop(_config: dict) -> float:
+            import torch.distributed as dist
+
+            # Ray Train made the process group already; the function makes its own under torchrun.
+            dist.init_process_group = lambda *a, **k: None
+            dist.destroy_process_group = lambda *a, **k: None
+            return train(SWEEP_LRS[-1])
+
+        result = TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=2)).fit()
+        took = time.monotonic() - t
+        ray.shutdown()
+    finally:
+        started = psutil.Process().children(recursive=True)
+        cluster.shutdown()
+        for proc in started:  # what the nodes started and their shutdown left (only this process's own)
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+    return {"times": [took], "error": str(result.error) if result.error else ""}
+
+
 # ----------------------------------------------------------------- parent side
 
 
@@ -158,6 +202,7 @@ def main() -> int:
     sweep: dict[str, list[float]] = {"pyspark": [], "raydist": []}
     losses: dict[str, list[list[float]]] = {"pyspark": [], "raydist": []}
     startup: dict[str, list[float]] = {"connect": [], "classic": []}
+    bare: list[float] = []
     with ConnectServer(master=MASTER) as server:
         url = server.url
         _run_child("warmup", "", url)
@@ -177,6 +222,9 @@ def main() -> int:
             startup["connect"].append(out["ready_s"])
             print(f"startup    connect  {out['ready_s']:6.1f} s  ({out['nodes']} nodes up)", flush=True)
     for _ in range(args.rounds):
+        out = _run_child("bare", "", "")
+        bare.append(out["times"][0])
+        print(f"bare Ray   first run {out['times'][0]:6.1f} s  {out['error']}", flush=True)
         out = _run_child("startup-classic", "raydist", "")
         startup["classic"].append(out["ready_s"])
         print(f"startup    classic  {out['ready_s']:6.1f} s  ({out['nodes']} nodes up)", flush=True)
@@ -189,7 +237,8 @@ def main() -> int:
                for a, b in zip(ra, rp, strict=True))
     print(f"first run median: raydist {med(first['raydist']):.1f} s, pyspark {med(first['pyspark']):.1f} s; "
           f"sweep median: raydist {med(sweep['raydist']):.1f} s, pyspark {med(sweep['pyspark']):.1f} s; "
-          f"ready cluster median: Connect {med(startup['connect']):.1f} s, classic {med(startup['classic']):.1f} s")
+          f"ready cluster median: Connect {med(startup['connect']):.1f} s, classic {med(startup['classic']):.1f} s; "
+          f"bare Ray first run (the floor) {med(bare):.1f} s = {med(bare) / med(first['pyspark']):.3f} x pyspark's")
     print(f"connect_first_run_ratio={first_ratio:.3f} connect_sweep_ratio={sweep_ratio:.3f} "
           f"connect_startup_vs_classic={startup_ratio:.3f} same_result={'true' if same else 'false'}")
     return 0

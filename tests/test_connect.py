@@ -165,3 +165,27 @@ def test_a_client_nothing_can_dial_runs_a_cluster(no_leftover_ray, tmp_path) -> 
     assert any("relay" in event for event in out["events"]), out["events"]
     assert out["listening"] == [] and out["accepted"] == [], out
     assert out["spark_sum"] == 4950
+
+
+@pytest.mark.timeout(1500)  # two whole programs: every distributor, each side
+def test_every_distributor_runs_on_connect_as_on_the_original(connect_server, no_leftover_ray, tmp_path) -> None:
+    ours = run_program("connect_surface.py", connect_server.url, home=tmp_path / "ours")
+    theirs = run_program("connect_surface.py", connect_server.url, "--original", home=tmp_path / "theirs")
+
+    # TorchDistributor on the cluster and on the client: the original's results.
+    assert [r["loss"] for r in ours["runs"]] == [r["loss"] for r in theirs["runs"]]
+    assert ours["local"] == theirs["local"] and ours["local"]["world"] == 2
+    # DeepSpeed's config reaches the function on its command line, as under Spark.
+    assert ours["deepspeed"] == theirs["deepspeed"]
+    assert ours["deepspeed"]["config"] == {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 2}}
+    # MirroredStrategyRunner: two replicas in sync on the session cluster.
+    assert ours["mirrored"] == {"replicas": 2, "sum": 2.0}, ours.get("mirrored_error")
+    assert "mirrored" in theirs or "mirrored_error" in theirs
+
+    # A facade and the DataFrame handoff, on the same session cluster.
+    assert ours["facade"] == 3.0
+    assert (ours["ray_rows"], ours["ray_sum"]) == (1000, 999000)
+    assert ours["back"] == [1000, 1000000]
+    assert ours["session_cluster"] and ours["session_cluster_after"] == ours["session_cluster"]
+    assert ours["spark_sum"] == theirs["spark_sum"] == 4950
+    assert ours["session_cluster_after_stop"] is None and ours["ray_processes_after_stop"] == []

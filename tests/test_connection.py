@@ -125,3 +125,4 @@ def test_a_users_own_thread_changes_the_environment_at_once() -> None:
 def test_an_address_and_its_host_name_are_the_same_endpoint() -> None:
     assert same_address("127.0.0.1:6379", "localhost:6379")
     assert not same_address("127.0.0.1:6379", "127.0.0.1:6380")
+

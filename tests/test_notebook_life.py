@@ -4,6 +4,12 @@ alive, the results are right, and nothing is left running."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 from tests.probe import run_program
@@ -79,3 +85,25 @@ def test_two_clusters_up_in_one_process(no_leftover_ray) -> None:
     assert out["connected_after_c1_down"] is False
     assert out["env_after"] == {k: None for k in KEYS}
     assert set(out["env_changed"]) <= {"PYTHONBREAKPOINT"}
+
+
+
+def test_a_loopback_address_is_the_one_ray_connects(no_leftover_ray) -> None:
+    """A head bound to 127.0.0.1 (a Spark Connect server's default driver
+    host) is connected as this machine's address: the session cluster and a
+    teardown's disconnect must know it for the same cluster (or a retired
+    cluster's GCS takes the process down 60 s later)."""
+    code = textwrap.dedent("""
+        import json, ray
+        from raydist.engine.connection import connected_address, same_address
+        ray.init(num_cpus=1, include_dashboard=False)
+        seen = connected_address()
+        port = seen.rpartition(":")[2]
+        print(json.dumps([seen, same_address(f"127.0.0.1:{port}", seen), same_address(f"localhost:{port}", seen)]))
+        ray.shutdown()
+    """)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen, loopback, name = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert loopback and name, seen

@@ -40,6 +40,17 @@ def test_on_lost_false_ends_the_loop() -> None:
     assert calls == ["run", "its Spark task ended"]
 
 
+def test_first_error_line_names_the_python_exception_a_task_traceback_ends_with() -> None:
+    spark_error = RuntimeError(
+        "org.apache.spark.api.python.PythonException: [PYTHON_EXCEPTION] An exception was thrown from the "
+        "Python worker: Traceback (most recent call last):\n"
+        '  File "/x/worker.py", line 1, in main\n'
+        "    import raydist\n"
+        "ModuleNotFoundError: No module named 'raydist'\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(PythonRunner.scala:1)")
+    assert first_error_line(spark_error) == "ModuleNotFoundError: No module named 'raydist'"
+
+
 def test_first_error_line_falls_back_to_the_type() -> None:
     assert first_error_line(ValueError("")) == "ValueError"
     assert first_error_line(ValueError("plain text")) == "plain text"

@@ -122,7 +122,8 @@ class TorchDistributor:
 
     def _fit_warm(self, session: Any, job: Callable[[], Any]) -> Any:
         with session.connected(
-            self.cluster, workers=self.num_processes, cpus_per_worker=1, use_gpu=False, keep_warm_s=self.keep_warm_s
+            self.cluster, workers=self.num_processes, cpus_per_worker=1, use_gpu=False, keep_warm_s=self.keep_warm_s,
+            preload=("ray.train.torch",),
         ) as handle:
             return session.resident.run(
                 job,

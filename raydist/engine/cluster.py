@@ -380,12 +380,12 @@ class RayCluster:
         self._head.start(dataclasses.replace(head, relay=self._head.relay), spark=self._spark, group=self._group,
                          cluster=self.name, head_cpus=spec.head_cpus, head_gpus=spec.head_gpus,
                          on_job_end=self._on_head_job_end)
-        if self._head.relay:
-            self._dial_relay()
         try:
             self._jobs.profile = spark_side.resource_profile(self._spark, cpus, spec.gpus_per_worker)
         except Exception as exc:  # noqa: BLE001 - stage-level scheduling is optional
             log.info("no stage-level scheduling (%s); using the default task resources", exc)
+        if self._head.relay:
+            self._dial_relay()  # the workers' plans name the relay: they wait for it
         self._cpus = cpus
         for slot in self._pool.active():
             self._jobs.start(slot)
@@ -393,14 +393,16 @@ class RayCluster:
             self._jobs.warm(cap.executors)  # nodes added later skip Spark's Python worker start
 
     def _dial_relay(self) -> None:
-        """Wait for the head's task to say where its relay listens, then
-        link to it; the workers' supervisors will connect there too."""
-        address = self._head.wait_relay(self._deadline)
+        """Wait for the head's task to say where its relay and GCS listen,
+        then link to the relay. The workers' supervisors connect there too,
+        and start their nodes as soon as the GCS listens."""
+        address, gcs = self._head.wait_relay(self._deadline)
         if not address:
             raise ClusterFailedError(self._message if self._state == State.FAILED else
                                      f"the head's Spark task did not start within {self.spec.start_timeout_s:g} s")
         host, port = address.rsplit(":", 1)
-        self._jobs.plan = dataclasses.replace(self._jobs.plan, channel=(host, int(port)))
+        assert self._jobs.plan is not None
+        self._jobs.plan = dataclasses.replace(self._jobs.plan, channel=(host, int(port)), gcs_address=gcs)
         assert self._channel is not None
         self._dialer = RelayDialer((host, int(port)), self._link_secret, self._channel.adopt)
         self._record(f"node links through the head's relay at {address}")

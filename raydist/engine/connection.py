@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 from raydist.engine.auth import RayToken, reload_auth_in_process
-from raydist.engine.ports import resolve_host
+from raydist.engine.ports import gcs_host
 from raydist.engine.threads import on_raydist_thread
 
 __all__ = ["ProcessRay", "DefaultEnv", "process_ray", "DEFAULT_KEYS", "same_address"]
@@ -256,13 +256,14 @@ def _ray_connected() -> bool:
 
 
 def same_address(a: str, b: str) -> bool:
-    """Whether two ``host:port`` addresses name the same endpoint (a host
-    name and its address count as one)."""
+    """Whether two ``host:port`` addresses name the same endpoint as Ray sees
+    them (a host name and its address count as one, and a loopback address
+    as this machine's, as Ray connects it)."""
     if a == b:
         return True
     host_a, _, port_a = a.rpartition(":")
     host_b, _, port_b = b.rpartition(":")
-    return port_a == port_b and resolve_host(host_a) == resolve_host(host_b)
+    return port_a == port_b and gcs_host(host_a) == gcs_host(host_b)
 
 
 _owner: ProcessRay | None = None

@@ -10,6 +10,7 @@ the cluster knows of it. The cluster's lock guards its fields.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import signal
@@ -39,8 +40,9 @@ class Head:
         self.in_task = in_task or relay
         #: The node links end in the head's task (:mod:`raydist.engine.relay`).
         self.relay = relay
-        #: Where the head's relay listens ("host:port"), once its task said so.
+        #: Where the head's relay and its GCS listen ("host:port"), once its task said so.
         self.relay_address = ""
+        self.gcs_address = ""
         self.announced = threading.Event()
         self.link: NodeLink | None = None
         self.up = False
@@ -103,15 +105,17 @@ class Head:
         self.thread = threading.Thread(target=run, daemon=True, name=f"raydist-{cluster}-head")
         self.thread.start()
 
-    def _on_announce(self, address: str) -> None:
-        self.relay_address = address
+    def _on_announce(self, line: str) -> None:
+        said = json.loads(line)
+        self.relay_address, self.gcs_address = str(said["relay"]), str(said["gcs"])
         self.announced.set()
 
-    def wait_relay(self, deadline: float) -> str:
-        """Where the head's relay listens, once its task announced it; ""
-        when the head's job ended first or ``deadline`` passed."""
+    def wait_relay(self, deadline: float) -> tuple[str, str]:
+        """Where the head's relay and GCS will listen, once its task
+        announced them; ("", "") when the head's job ended first or
+        ``deadline`` passed."""
         self.announced.wait(max(0.0, deadline - time.monotonic()))
-        return self.relay_address
+        return self.relay_address, self.gcs_address
 
     def wait_stopped(self, deadline: float) -> None:
         """After the head was told to stop: wait for its supervisor on the

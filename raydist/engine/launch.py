@@ -308,7 +308,7 @@ def run_head_node(plan: NodePlan, announce: Callable[[str], None] | None = None)
 
     With ``plan.relay`` the node links end here: the task runs the
     cluster's :class:`~raydist.engine.relay.LinkRelay` for as long as the
-    head lives and ``announce`` tells the driver where it listens."""
+    head lives and ``announce`` tells the driver where it and the GCS listen."""
     node_ip = route_ip(plan.channel[0])
     taken: set[int] = set()
     ports = {name: preferred_or_free_port(node_ip, plan.head_ports.get(name), taken) for name in HEAD_PORTS}
@@ -318,7 +318,9 @@ def run_head_node(plan: NodePlan, announce: Callable[[str], None] | None = None)
     relay = LinkRelay(node_ip, plan.link_secret)
     try:
         if announce is not None:
-            announce(relay.address)
+            # The GCS address too: workers start their raylets once it
+            # listens, seconds before `ray start --head` has returned.
+            announce(json.dumps({"relay": relay.address, "gcs": f"{node_ip}:{ports['gcs']}"}))
         return _run_in_task(replace(plan, channel=(node_ip, relay.port)))
     finally:
         relay.close()

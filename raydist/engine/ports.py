@@ -10,12 +10,13 @@ range and the ephemeral range when that gap is wide enough.
 
 from __future__ import annotations
 
+import functools
 import random
 import socket
 
 from raydist.engine.sizing import RAY_WORKER_PORTS
 
-__all__ = ["free_port", "preferred_or_free_port", "wait_for_port", "resolve_host"]
+__all__ = ["free_port", "preferred_or_free_port", "wait_for_port", "resolve_host", "gcs_host"]
 
 
 def free_port(host: str = "127.0.0.1", avoid: set[int] | None = None) -> int:
@@ -99,3 +100,26 @@ def resolve_host(host: str) -> str:
         return socket.gethostbyname(host)
     except OSError:
         return host
+
+
+@functools.cache
+def _this_host() -> str | None:
+    """This machine's outward IPv4 address (the route's source address; no
+    packet is sent), or None without a route."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("203.0.113.1", 9))  # any routed address (TEST-NET-3)
+            return str(s.getsockname()[0])
+        except OSError:
+            return None
+
+
+def gcs_host(host: str) -> str:
+    """``host`` as it appears in the GCS address of a Ray connection made to
+    it: its IPv4 address, a loopback one replaced by this machine's own, as
+    Ray does when it connects (``ray.init("127.0.0.1:6379")`` is connected to
+    ``<this host>:6379``)."""
+    ip = resolve_host(host)
+    if ip.startswith("127."):
+        return _this_host() or ip
+    return ip

@@ -201,9 +201,17 @@ def keep_filled(
 
 
 def first_error_line(exc: BaseException) -> str:
-    """The line of a (often very long, py4j-wrapped) Spark error that says
-    what went wrong."""
+    """The line of a (often very long, py4j- or Connect-wrapped) Spark error
+    that says what went wrong: the Python exception a task's traceback ends
+    with when there is one (``ModuleNotFoundError: No module named ...``),
+    else the first line that names an error."""
     text = str(exc).strip().splitlines()
+    for at, line in enumerate(text):
+        if "Traceback (most recent call last)" in line:
+            for after in text[at + 1:]:
+                if after.strip() and not after[:1].isspace() and ": " in after:
+                    return after.strip()[:300]
+            break
     for line in text:
         if "Error" in line or "Exception" in line or "Lost" in line:
             return line.strip()[:300]

@@ -125,6 +125,12 @@ class ConnectSide(SparkSide):
             slot.session = previous
 
     def executor_hosts(self) -> dict[str, int]:
+        shape = local_cluster_shape(self.master)
+        if shape is not None:
+            # A local-cluster master starts every executor on its own host at
+            # once: nothing to probe (a job of its own, seconds on a first run).
+            # Executors that cannot import raydist fail the head's task instead.
+            return {self.driver_host(): shape[0]}
         n = max(2, self.default_parallelism())
         seen: set[tuple[str, int]] = set()
         try:
