@@ -186,6 +186,10 @@ def test_every_distributor_runs_on_connect_as_on_the_original(connect_server, no
     assert ours["facade"] == 3.0
     assert (ours["ray_rows"], ours["ray_sum"]) == (1000, 999000)
     assert ours["back"] == [1000, 1000000]
-    assert ours["session_cluster"] and ours["session_cluster_after"] == ours["session_cluster"]
+    # One session cluster served the runs that followed each other; on Connect
+    # it idles 15 s at most (the client cannot see Spark work waiting), so the
+    # local run in between may have outlasted the first one.
+    assert ours["session_cluster_torch"] and ours["session_cluster"]
+    assert ours["session_cluster_after"] == ours["session_cluster"]
     assert ours["spark_sum"] == theirs["spark_sum"] == 4950
     assert ours["session_cluster_after_stop"] is None and ours["ray_processes_after_stop"] == []

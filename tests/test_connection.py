@@ -5,6 +5,7 @@ process and Ray are in tests/test_notebook_life.py."""
 from __future__ import annotations
 
 import threading
+import time
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -126,3 +127,15 @@ def test_an_address_and_its_host_name_are_the_same_endpoint() -> None:
     assert same_address("127.0.0.1:6379", "localhost:6379")
     assert not same_address("127.0.0.1:6379", "127.0.0.1:6380")
 
+
+def test_a_handoff_marks_the_connection_used_while_it_runs_and_at_its_end() -> None:
+    owner = ProcessRay(environ={})
+    assert owner.last_use() is None
+    with owner.using():
+        inside = owner.last_use()
+        assert inside is not None
+        time.sleep(0.05)
+        assert owner.last_use() > inside  # "now", while it runs
+    ended = owner.last_use()
+    time.sleep(0.05)
+    assert owner.last_use() == ended  # from its end on, the idle time counts

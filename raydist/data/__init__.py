@@ -21,6 +21,7 @@ import uuid
 from typing import Any
 
 from raydist.data._agent import AGENT_NAMESPACE, BlockAgent, fetch_blocks, send_partitions
+from raydist.engine.connection import process_ray
 from raydist.engine.sparkside import side_of
 from raydist.errors import DataFormatError
 
@@ -36,7 +37,16 @@ def from_spark(df: Any, cluster: Any = None) -> Any:
         cluster: the raydist cluster to put the blocks in (a handle from
             ``raydist.up``); by default the Ray cluster this process is
             connected to, or ``RAY_ADDRESS``.
+
+    On the session cluster (after a training run), the handoff is use: the
+    cluster's idle time counts from its end, and the Dataset lives as long
+    as the cluster does.
     """
+    with process_ray().using():
+        return _from_spark(df, cluster)
+
+
+def _from_spark(df: Any, cluster: Any) -> Any:
     import pyarrow as pa
     import ray
 
@@ -68,6 +78,11 @@ def from_spark(df: Any, cluster: Any = None) -> Any:
 def to_spark(ds: Any, spark: Any) -> Any:
     """A Spark DataFrame with ``ds``'s rows, in order, materialized in
     Spark's executors (cached) before it returns, so the Dataset may go."""
+    with process_ray().using():
+        return _to_spark(ds, spark)
+
+
+def _to_spark(ds: Any, spark: Any) -> Any:
     import ray
     from pyspark.sql.pandas.types import from_arrow_schema
 

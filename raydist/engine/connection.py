@@ -35,6 +35,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
@@ -115,6 +116,29 @@ class ProcessRay:
         self._defaults = DefaultEnv(self._environ)
         self._pending = False  # an environment change a raydist thread left for a user's thread
         self._hooks: list[Callable[[str], None]] = []
+        self._using = 0  # raydist calls working through the connection now (a data handoff)
+        self._used_at: float | None = None
+
+    # ------------------------------------------------------------ use
+
+    @contextlib.contextmanager
+    def using(self) -> Iterator[None]:
+        """Mark raydist work on this process's Ray connection that is not a
+        training run (a DataFrame handoff): the cluster it reaches is in use
+        while it runs, and its idle time counts from the end."""
+        with self._lock:
+            self._using += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._using -= 1
+                self._used_at = time.monotonic()
+
+    def last_use(self) -> float | None:
+        """When :meth:`using` work last ran (now, while some runs), or None."""
+        with self._lock:
+            return time.monotonic() if self._using else self._used_at
 
     # ---------------------------------------------------------- hooks
 

@@ -226,7 +226,11 @@ class TrainingSession:
             and not spark_side.is_stopped(cluster.spark)
         )
         waiting = now - held.spark_waiting_since if held.spark_waiting_since is not None else 0.0
-        return Observed(held.shape, usable, held.runs, 0.0 if held.runs else now - held.idle_since, waiting,
+        idle_since = held.idle_since
+        used = process_ray().last_use()  # a DataFrame handoff on it is use too
+        if used is not None and used > idle_since and self._on_session_cluster():
+            idle_since = used
+        return Observed(held.shape, usable, held.runs, 0.0 if held.runs else max(0.0, now - idle_since), waiting,
                         replacement_waiting=self._replacers > 0)
 
     def _lease(self, want: Shape, keep_warm_s: float | None) -> _Held:

@@ -69,6 +69,11 @@ def mirrored():
 out = {}
 distributor = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
 out["runs"] = [distributor.run(train, lr) for lr in (0.05, 0.1)]
+if not ORIGINAL:
+    from raydist.train.session import training_session
+
+    session = training_session()
+    out["session_cluster_torch"] = session.cluster.name if session.cluster else None
 out["local"] = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(train, 0.05)
 config = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 2}}
 ds = DeepspeedTorchDistributor(numGpus=2, nnodes=1, localMode=False, useGpu=False, deepspeedConfig=config)
@@ -83,9 +88,7 @@ if not ORIGINAL:
 
     from raydist.data import from_spark, to_spark
     from raydist.train import TorchTrainer
-    from raydist.train.session import training_session
 
-    session = training_session()
     out["session_cluster"] = session.cluster.name if session.cluster else None
 
     def facade(config):
