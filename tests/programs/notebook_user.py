@@ -20,6 +20,9 @@ spark.sparkContext.setLogLevel("ERROR")
 
 @ray.remote(num_cpus=1)
 def where() -> str:
+    import time
+
+    time.sleep(0.3)  # long enough that Ray spreads 8 tasks over both 1-CPU nodes, not one warm worker
     return ray.get_runtime_context().get_node_id()
 
 
