@@ -32,7 +32,7 @@ from raydist.engine.connection import process_ray
 from raydist.engine.head import Head
 from raydist.engine.launch import HEAD_KEY, HEAD_PORTS, node_plans, route_ip
 from raydist.engine.outbox import Outbox
-from raydist.engine.ports import preferred_or_free_port
+from raydist.engine.ports import gcs_host, preferred_or_free_port
 from raydist.engine.procs import wait_processes_gone
 from raydist.engine.relay import RelayDialer
 from raydist.engine.scaler import Scaler, elastic
@@ -54,6 +54,12 @@ __all__ = ["HEAD_PORTS", "RayCluster"]
 log = logging.getLogger(__name__)
 
 EventListener = Callable[[str, str], None]
+
+
+#: Ray Client connections tried before giving up, and the errors of its
+#: proxy worth another try (it lost the server process it started).
+_CLIENT_TRIES = 3
+_CLIENT_SERVER_FLAKES = ("Starting Ray client server failed", "ZombieProcess")
 
 
 class RayCluster:
@@ -173,8 +179,29 @@ class RayCluster:
     def connect(self, **init_kwargs: Any) -> Any:
         """``ray.init`` against this cluster from this process, with its
         token (nothing to do when connected to it already). ``down()``
-        disconnects first."""
-        return process_ray().connect(self.address, self._token, **init_kwargs)
+        disconnects first. From a host that runs none of the cluster's nodes
+        (a Spark Connect client off the cluster) the connection goes through
+        Ray Client: a direct Ray driver needs a node on its own host, and the
+        nodes would dial it."""
+        if self._node_on_this_host():
+            return process_ray().connect(self.address, self._token, **init_kwargs)
+        for attempt in range(_CLIENT_TRIES):
+            try:
+                return process_ray().connect(self.address, self._token, target=self.client_address, **init_kwargs)
+            except ConnectionAbortedError as exc:
+                # Ray Client's proxy sometimes loses the server process it just
+                # started for this client; the next attempt starts another.
+                if attempt == _CLIENT_TRIES - 1 or not any(f in str(exc) for f in _CLIENT_SERVER_FLAKES):
+                    raise
+                log.info("Ray Client's server did not start (%s); trying again", str(exc)[:120])
+        raise AssertionError("unreachable")
+
+    def _node_on_this_host(self) -> bool:
+        if not self._head.in_task:
+            return True  # the head runs here
+        links = self._channel.links().values() if self._channel is not None else ()
+        here = gcs_host("127.0.0.1")  # this host, as Ray names it
+        return any(link.node_ip and gcs_host(link.node_ip) == here for link in links)
 
     def start(self) -> RayCluster:
         """Start the head and the workers; return once ``min_workers`` are up.
