@@ -122,8 +122,7 @@ class TorchDistributor:
 
     def _fit_warm(self, session: Any, job: Callable[[], Any]) -> Any:
         with session.connected(
-            self.cluster, workers=self.num_processes, cpus_per_worker=1, use_gpu=False, keep_warm_s=self.keep_warm_s,
-            preload=("ray.train.torch",),
+            self.cluster, workers=self.num_processes, cpus_per_worker=1, use_gpu=False, keep_warm_s=self.keep_warm_s
         ) as handle:
             return session.resident.run(
                 job,

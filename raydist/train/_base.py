@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from raydist.errors import TrainingConfigError
 
@@ -79,10 +79,6 @@ class Facade:
     """Builds one Ray Train trainer from a few arguments and runs it on a
     raydist cluster. Subclasses say which Ray trainer and how the user's
     function is wrapped; the Ray objects stay reachable (``.trainer``)."""
-
-    #: Modules the trainer imports on this side, preloaded while a first
-    #: run's cluster starts (see ``TrainingSession.connected``).
-    preload: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -191,6 +187,6 @@ class Facade:
         cpus = int(self.resources_per_worker.get("CPU", 1) or 0)
         with keyboard_interrupts(), session.connected(
             self.cluster, workers=self.workers, cpus_per_worker=cpus, use_gpu=self.use_gpu,
-            keep_warm_s=self.keep_warm_s, preload=self.preload,
+            keep_warm_s=self.keep_warm_s,
         ) as handle:
             return fit_ready(self.build(), raydist_cluster=handle is not None).fit()

@@ -116,8 +116,6 @@ class DeepSpeedTrainer(Facade):
         Other arguments as :class:`raydist.train.TorchTrainer`.
     """
 
-    preload = ("ray.train.torch",)
-
     def __init__(
         self, train_fn: Callable[..., Any], *, deepspeed_config: Mapping[str, Any] | str, **kwargs: Any
     ) -> None:

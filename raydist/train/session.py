@@ -129,7 +129,6 @@ class TrainingSession:
         cpus_per_worker: int,
         use_gpu: bool,
         keep_warm_s: float | None = None,
-        preload: tuple[str, ...] = (),
     ) -> Iterator[Any]:
         """Connect this process to the cluster a run uses, for the run.
 
@@ -137,14 +136,12 @@ class TrainingSession:
         cluster this process is already connected to, ``RAY_ADDRESS``, else
         the session cluster (started or grown here, and leased for the
         run). Yields the cluster handle (None for a plain Ray address). The
-        session cluster is kept ``keep_warm_s`` after the run. ``preload``:
-        modules the run will import here, imported while its cluster starts.
+        session cluster is kept ``keep_warm_s`` after the run.
         """
         import ray
 
         from raydist.train._env import run_settings
 
-        _preload(preload)
         process_ray().sync()
         handle = self._resolve(cluster)
         held: _Held | None = None
@@ -471,28 +468,6 @@ def training_session() -> TrainingSession:
     from raydist.api import _registry
 
     return _registry.service("training-session", TrainingSession)
-
-
-def _preload(modules: tuple[str, ...]) -> None:
-    """Import ``modules`` in the background: a first run's trainer imports
-    (``ray.train.torch`` takes seconds) overlap its cluster's start instead
-    of following it. The run's own import waits for this one if it is not
-    done (Python's per-module import lock)."""
-    import importlib
-    import sys
-
-    wanted = tuple(m for m in modules if m not in sys.modules)
-    if not wanted:
-        return
-
-    def load() -> None:
-        for name in wanted:
-            try:
-                importlib.import_module(name)
-            except Exception as exc:  # noqa: BLE001 - the run's own import raises it where it belongs
-                log.debug("preloading %s: %s", name, exc)
-
-    spawn(load, name="raydist-preload")
 
 
 def _check_resources(workers: int, cpus_per_worker: int, use_gpu: bool) -> None:

@@ -53,8 +53,6 @@ class TensorflowTrainer(Facade):
         Other arguments as :class:`raydist.train.TorchTrainer`.
     """
 
-    preload = ("ray.train.tensorflow",)
-
     def __init__(self, train_fn: Callable[..., Any], *, legacy_keras: bool = True, **kwargs: Any) -> None:
         super().__init__(train_fn, **kwargs)
         self.legacy_keras = legacy_keras

@@ -34,8 +34,6 @@ class TorchTrainer(Facade):
         >>> result.return_value  # doctest: +SKIP
     """
 
-    preload = ("ray.train.torch",)
-
     def _ray_trainer_class(self) -> Any:
         from ray.train.torch import TorchTrainer as RayTorchTrainer
 
