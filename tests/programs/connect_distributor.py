@@ -1,7 +1,7 @@
 """A Spark user's TorchDistributor program on a Spark Connect session, with one
 import changed (``--original``: pyspark's own class), run as a script by
-tests/test_connect.py: two runs, then the user's own Spark work. Prints one
-RESULT line."""
+tests/test_connect.py: two runs, then the user's own Spark work (raydist's:
+then 75 s of waiting and a third run). Prints one RESULT line."""
 
 import json
 import sys
@@ -47,5 +47,11 @@ for lr in (0.05, 0.1):
     losses.append(d.run(train, lr))
     times.append(round(time.monotonic() - t, 1))
 total = spark.range(10).count()
+if not ORIGINAL:
+    # A minute and more of the user's own time: the session cluster retires
+    # (15 s idle on Connect), past Ray's 60 s GCS timeout, which ends a
+    # process still connected to a cluster that went; then another run.
+    time.sleep(75)
+    losses.append(d.run(train, 0.05))
 spark.stop()
-print("RESULT " + json.dumps({"losses": losses, "times": times, "count": total}))
+print("RESULT " + json.dumps({"losses": losses, "times": times, "count": total, "alive": True}))
