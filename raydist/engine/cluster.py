@@ -185,16 +185,16 @@ class RayCluster:
         nodes would dial it."""
         if self._node_on_this_host():
             return process_ray().connect(self.address, self._token, **init_kwargs)
-        for attempt in range(_CLIENT_TRIES):
+        for _ in range(_CLIENT_TRIES - 1):
             try:
                 return process_ray().connect(self.address, self._token, target=self.client_address, **init_kwargs)
             except ConnectionAbortedError as exc:
                 # Ray Client's proxy sometimes loses the server process it just
                 # started for this client; the next attempt starts another.
-                if attempt == _CLIENT_TRIES - 1 or not any(f in str(exc) for f in _CLIENT_SERVER_FLAKES):
+                if not any(f in str(exc) for f in _CLIENT_SERVER_FLAKES):
                     raise
                 log.info("Ray Client's server did not start (%s); trying again", str(exc)[:120])
-        raise AssertionError("unreachable")
+        return process_ray().connect(self.address, self._token, target=self.client_address, **init_kwargs)
 
     def _node_on_this_host(self) -> bool:
         if not self._head.in_task:

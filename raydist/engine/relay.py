@@ -357,9 +357,8 @@ class RelayDialer:
 
     def _serve(self, sock: socket.socket) -> None:
         enable_keepalive(sock)
-        send_lock = threading.Lock()
-        with send_lock:
-            sock.sendall(encode({"type": "relay-control", "secret": self._secret}))
+        # Only this thread writes here (each pair is a connection of its own).
+        sock.sendall(encode({"type": "relay-control", "secret": self._secret}))
         reader = LineReader(sock, idle_s=IDLE_S)
         last_ping = time.monotonic()
         while not self._closed.is_set():
@@ -368,8 +367,7 @@ class RelayDialer:
                 threading.Thread(target=self._dial, args=(str(msg.get("id", "")),), daemon=True,
                                  name="raydist-dialer-pair").start()
             if time.monotonic() - last_ping >= HEARTBEAT_S:
-                with send_lock:
-                    sock.sendall(encode({"type": "ping"}))
+                sock.sendall(encode({"type": "ping"}))
                 last_ping = time.monotonic()
 
     def _dial(self, link_id: str) -> None:
