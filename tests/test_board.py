@@ -91,6 +91,22 @@ def test_stop_ends_waiting_workers_and_refuses_new_jobs() -> None:
     run(main())
 
 
+def test_stop_ends_a_driver_waiting_on_a_job() -> None:
+    # The driver's wait must return when the run ends under a job (before a
+    # disconnect), not poll on until the job finishes.
+    async def main() -> None:
+        board = JobBoard(keep_alive_s=60)
+        gen = await board.new_generation(1)
+        await board.register(gen, 0, "actor0")
+        seq = await board.submit(b"job")
+        waiting = asyncio.ensure_future(board.wait(seq, 30))
+        await asyncio.sleep(0.05)
+        await board.stop()
+        assert await asyncio.wait_for(waiting, 5) == ("error", (-1, b""))
+
+    run(main())
+
+
 def test_a_cancelled_job_stops_everywhere_and_the_workers_take_the_next() -> None:
     async def main() -> None:
         board = JobBoard(keep_alive_s=60)

@@ -36,6 +36,11 @@ def test_a_notebooks_life_keeps_the_process_whole(no_leftover_ray) -> None:
     assert ours["cluster_after_spark_job"] is None and ours["connected_after_spark_job"] is False
     assert ours["other_work_rows"] is True
 
+    # Each time the session cluster went (its slots, idle, spark.stop), its warm
+    # run ended first: no raydist thread still waited in Ray when the
+    # connection ended (Ray frees its core worker under such a thread: SIGSEGV).
+    assert ours["disconnects"] >= 3 and ours["threads_in_ray_at_disconnect"] == []
+
     # Idle past keep_warm_s: gone by itself, and the next run started another.
     assert ours["cluster_after_idle"] is None and ours["connected_after_idle"] is False
     assert ours["cluster_idle_replaced"] is True

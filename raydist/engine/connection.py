@@ -23,6 +23,11 @@ both, so that no teardown leaves the process behind:
   for the ``ray.init`` call alone: the connection leaves nothing in the
   environment that a later Ray cluster (``ray.util.spark``'s, say) would
   inherit.
+- **No thread is inside Ray when the connection ends.** Ray frees its core
+  worker on ``ray.shutdown`` under any thread still waiting in it (a crash,
+  SIGSEGV, not an error). raydist's own Ray calls mark themselves
+  (:meth:`ProcessRay.calling`); a disconnect first has the hooks end that
+  work, then waits for those calls to return.
 - **The environment changes only on the user's threads.** A teardown on one
   of raydist's own threads (:mod:`raydist.engine.threads`) marks the change
   pending, and the next raydist call on a user's thread (or exit) makes it.
@@ -50,6 +55,10 @@ log = logging.getLogger(__name__)
 #: What makes a cluster a process's default one.
 DEFAULT_KEYS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
 _AUTH_KEYS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+#: How long a disconnect waits for raydist's calls into Ray to return once
+#: the hooks have ended the work they wait on (a warm run's workers return
+#: within the controller's health-check interval, 2 s).
+_CALLS_LEAVE_S = 30.0
 
 
 class DefaultEnv:
@@ -118,6 +127,8 @@ class ProcessRay:
         self._hooks: list[Callable[[str], None]] = []
         self._using = 0  # raydist calls working through the connection now (a data handoff)
         self._used_at: float | None = None
+        self._inside: dict[int, int] = {}  # thread -> raydist calls of it inside Ray now
+        self._left = threading.Condition()  # guards _inside
 
     # ------------------------------------------------------------ use
 
@@ -129,11 +140,37 @@ class ProcessRay:
         with self._lock:
             self._using += 1
         try:
-            yield
+            with self.calling():
+                yield
         finally:
             with self._lock:
                 self._using -= 1
                 self._used_at = time.monotonic()
+
+    @contextlib.contextmanager
+    def calling(self) -> Iterator[None]:
+        """Mark a raydist call into Ray on this thread (a run's wait, a data
+        handoff): a disconnect waits for it to return (after its hooks have
+        ended the work it waits on)."""
+        me = threading.get_ident()
+        with self._left:
+            self._inside[me] = self._inside.get(me, 0) + 1
+        try:
+            yield
+        finally:
+            with self._left:
+                self._inside[me] -= 1
+                if not self._inside[me]:
+                    del self._inside[me]
+                self._left.notify_all()
+
+    def _wait_for_calls(self, timeout_s: float) -> None:
+        """Wait until no other thread is inside a raydist call into Ray."""
+        me = threading.get_ident()
+        with self._left:
+            if not self._left.wait_for(lambda: not (self._inside.keys() - {me}), timeout_s):
+                log.warning("disconnecting from Ray while %d raydist thread(s) still wait in it",
+                            len(self._inside.keys() - {me}))
 
     def last_use(self) -> float | None:
         """When :meth:`using` work last ran (now, while some runs), or None."""
@@ -246,6 +283,10 @@ class ProcessRay:
                 hook(address)
             except Exception:  # noqa: BLE001 - a hook must not stop the teardown
                 log.exception("ending work on %s before its teardown", address)
+        current = connected_address()
+        if current is None or not same_address(current, address):
+            return
+        self._wait_for_calls(_CALLS_LEAVE_S)
         with self._lock:
             current = connected_address()
             if current is not None and same_address(current, address):

@@ -39,6 +39,7 @@ class JobBoard:
         self.rendezvous: dict[tuple[int, int], tuple[str, int]] = {}
         self.stopped = False
         self.last_active = time.monotonic()
+        self.controller: Any = None  # the run's Ray Train controller actor, once it runs
         self._changed = asyncio.Event()
 
     async def _notify(self) -> None:
@@ -73,6 +74,14 @@ class JobBoard:
 
     async def worker_actors(self) -> list[Any]:
         return list(self.workers.values())
+
+    async def set_controller(self, actor: Any) -> None:
+        self.controller = actor
+
+    async def get_controller(self) -> Any:
+        """The run's controller (None until it runs): killing it ends the
+        driver's wait on the run at once (its workers go with it)."""
+        return self.controller
 
     async def ready(self) -> bool:
         return self.world > 0 and len(self.workers) == self.world
@@ -143,7 +152,7 @@ class JobBoard:
         ``timeout_s`` so the driver can check that the run is still alive."""
         deadline = time.monotonic() + timeout_s
         while True:
-            if self.job is None or self.job[0] != seq:
+            if self.stopped or self.job is None or self.job[0] != seq:
                 return ("error", (-1, b""))
             if self.failure is not None:
                 failure = self.failure

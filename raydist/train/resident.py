@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from raydist.engine.connection import connected_address, same_address
+from raydist.engine.connection import connected_address, process_ray, same_address
 from raydist.errors import ClusterFailedError
 
 __all__ = ["ResidentRun", "ResidentRuns", "TORCHRUN_PRIORITY_ENV"]
@@ -40,6 +40,8 @@ __all__ = ["ResidentRun", "ResidentRuns", "TORCHRUN_PRIORITY_ENV"]
 log = logging.getLogger(__name__)
 
 _POLL_S = 2.0
+#: How long ending a run before a disconnect waits for each step.
+_ABANDON_JOIN_S = 10.0
 
 #: The runtime env of workers that train like torchrun's processes. Ray
 #: starts workers at nice 15; torchrun (and so Spark's distributor) trains at
@@ -185,6 +187,7 @@ class ResidentRun:
                 name=f"raydist-resident-{uuid.uuid4().hex[:8]}",
                 failure_config=FailureConfig(max_failures=self.max_failures),
                 worker_runtime_env=TORCHRUN_PRIORITY_ENV,
+                callbacks=[_controller_on_board(self._board)],
             ),
         ), raydist_cluster=self.raydist_cluster)
         # The run's controller gets its settings from the context the run starts in.
@@ -195,17 +198,20 @@ class ResidentRun:
         self._thread.start()
         started = time.monotonic()
         deadline = started + timeout_s
-        while self.alive and time.monotonic() < deadline:
-            if ray.get(self._board.ready.remote()):
-                log.info("warm run of %d workers ready in %.1f s", self.workers, time.monotonic() - started)
-                break
-            time.sleep(0.2)
+        with process_ray().calling():
+            while self.alive and time.monotonic() < deadline and not self._abandoned:
+                if ray.get(self._board.ready.remote()):
+                    log.info("warm run of %d workers ready in %.1f s", self.workers, time.monotonic() - started)
+                    break
+                time.sleep(0.2)
 
     def _fit(self, trainer: Any) -> None:
-        try:
-            self.result = trainer.fit()
-        except BaseException as e:  # noqa: BLE001 - reported by the next run() call
-            self._fit_error = e
+        # Inside Ray until the run ends: a disconnect waits for that (abandon() ends it first).
+        with process_ray().calling():
+            try:
+                self.result = trainer.fit()
+            except BaseException as e:  # noqa: BLE001 - reported by the next run() call
+                self._fit_error = e
 
     def run(self, job: Callable[[], Any]) -> Any:
         """Run ``job()`` on every worker; rank 0's return value. Interrupted
@@ -217,16 +223,16 @@ class ResidentRun:
             board = self._board
             if board is None or not self.alive:
                 raise ClusterFailedError("the resident training run has ended; start a new one")
-            seq = ray.get(board.submit.remote(cloudpickle.dumps(job)))
-            try:
-                return self._wait(board, seq)
-            except BaseException as e:
-                if self._abandoned:
-                    # Ray raises SystemExit in a thread waiting on a connection
-                    # another thread closes: the run's cluster went under it.
-                    raise ClusterFailedError("the training run's cluster was torn down during the job") from e
-                self._cancel(board, seq)
-                raise
+            with process_ray().calling():
+                seq = ray.get(board.submit.remote(cloudpickle.dumps(job)))
+                try:
+                    return self._wait(board, seq)
+                except BaseException as e:
+                    if self._abandoned:
+                        # The run's cluster is going under the job (abandon()).
+                        raise ClusterFailedError("the training run's cluster was torn down during the job") from e
+                    self._cancel(board, seq)
+                    raise
 
     def _cancel(self, board: Any, seq: int) -> None:
         import ray
@@ -243,6 +249,8 @@ class ResidentRun:
         from ray import cloudpickle
 
         while True:
+            if self._abandoned:
+                raise ClusterFailedError("the training run's cluster was torn down during the job")
             state, value = ray.get(board.wait.remote(seq, _POLL_S))
             if state == "ok":
                 return cloudpickle.loads(value)
@@ -271,12 +279,37 @@ class ResidentRun:
             self.keep_alive_s = keep_alive_s
 
     def abandon(self) -> None:
-        """Let go of the run without waiting for it, because this process is
-        about to disconnect from its cluster: the run's actors belong to this
-        driver and end with its connection. A job waiting here then raises
-        ClusterFailedError."""
+        """End the run at once because this process is about to disconnect
+        from its cluster, a job on it or not: a job waiting here raises
+        ClusterFailedError. Returns once the run's threads here are out of
+        Ray (bounded), since Ray frees its core worker on disconnect under
+        any thread still waiting in it. The run's controller is killed (its
+        workers go with it): nothing of the run outlives the connection
+        anyway, and a graceful end waits for the controller's next poll."""
+        import ray
+
         self._abandoned = True
+        board = self._board
+        if board is None or not ray.is_initialized():
+            return
+        try:
+            controller = ray.get(board.get_controller.remote(), timeout=_ABANDON_JOIN_S)
+        except Exception as e:  # noqa: BLE001 - the run or its cluster is gone already
+            log.debug("finding the resident run's controller: %s", e)
+            controller = None
+        if controller is None:  # still starting: end it as close() does
+            self.close(timeout=_ABANDON_JOIN_S)
+            return
         self._board = None
+        try:
+            # Stopped first, the workers and a job's wait here return quietly
+            # (not with the board's death), and the board ends with the connection.
+            ray.get(board.stop.remote(), timeout=_ABANDON_JOIN_S)
+            ray.kill(controller, no_restart=True)
+        except Exception as e:  # noqa: BLE001 - gone already
+            log.debug("ending the resident run: %s", e)
+        if self._thread is not None:
+            self._thread.join(_ABANDON_JOIN_S)
 
     def close(self, *, timeout: float = 30.0) -> None:
         """End the run: idle workers return at once; workers that do not
@@ -305,6 +338,19 @@ class ResidentRun:
                 pass
 
 
+def _controller_on_board(board: Any) -> Any:
+    """A Ray Train controller callback that puts the controller's own actor
+    handle on ``board`` when the run starts (see ResidentRun.abandon)."""
+    import ray
+    from ray.train.v2._internal.execution.callback import ControllerCallback
+
+    class ControllerOnBoard(ControllerCallback):
+        def after_controller_start(self, train_run_context: Any) -> None:
+            board.set_controller.remote(ray.get_runtime_context().current_actor)
+
+    return ControllerOnBoard()
+
+
 @dataclass(eq=False)
 class _Kept:
     """The resident run, what it was started for, and whether a job is on it now."""
@@ -321,8 +367,8 @@ class ResidentRuns:
     for the same workers takes it (after another thread's job on it), a job
     for other workers ends it and starts its own (likewise after the job on
     it), and a run with workers of its own ends it first (:meth:`release`).
-    When this process is about to disconnect from its cluster, it is let go
-    without waiting (:meth:`let_go`): its actors end with the connection.
+    When this process is about to disconnect from its cluster, it ends a job
+    on it or not (:meth:`let_go`), and its threads here leave Ray first.
     """
 
     def __init__(self) -> None:
@@ -382,7 +428,7 @@ class ResidentRuns:
     def let_go(self, address: str) -> None:
         """This process is about to disconnect from ``address`` (hooked into
         :func:`raydist.engine.connection.process_ray`): the run there ends
-        with the connection; a job on it (another thread's) fails with why."""
+        now; a job on it (another thread's) fails with why."""
         with self._changed:
             kept = self._kept
             if kept is None or not kept.key[0] or not same_address(kept.key[0], address):

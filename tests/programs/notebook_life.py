@@ -121,7 +121,26 @@ def session_cluster():
     return cluster.name if cluster is not None else None
 
 
+def watch_disconnects(out: dict) -> None:
+    """Note, at each end of this process's Ray connection, raydist's threads
+    still waiting in Ray: Ray frees its core worker under them (SIGSEGV)."""
+    import ray
+
+    shutdown = ray.shutdown
+    out["disconnects"], out["threads_in_ray_at_disconnect"] = 0, []
+
+    def watched(*args, **kwargs):
+        out["disconnects"] += 1
+        out["threads_in_ray_at_disconnect"] += [
+            t.name for t in threading.enumerate() if t.name.startswith("raydist-resident") and t.is_alive()]
+        return shutdown(*args, **kwargs)
+
+    ray.shutdown = watched
+
+
 out: dict = {"env_before": {k: os.environ.get(k) for k in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}}
+if not ORIGINAL:
+    watch_disconnects(out)
 spark = session()
 distributor = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
 
