@@ -49,3 +49,19 @@ def test_kept_runs_beyond_the_limit_go_oldest_first(tmp_path: Path) -> None:
     time.sleep(1.1)  # a run's directory is named by the second
     second = keep(root, "b", {"head": [("gcs_server.out", 600, b"y" * 600)]}, limit=1_000)
     assert not first.exists() and (second / "head" / "gcs_server.out").read_bytes() == b"y" * 600
+
+
+def test_a_node_key_or_file_name_that_climbs_out_writes_nothing_outside_its_run(tmp_path: Path) -> None:
+    # The keys come from peers' hellos: a hostile one must not name a path.
+    root = tmp_path / "home" / "logs"
+    root.mkdir(parents=True)
+    run = keep(root, "c", {
+        "../../x": [("raylet.out", 3, b"bad")],
+        "/tmp/x": [("raylet.out", 3, b"bad")],
+        "w0/../..": [("raylet.out", 3, b"bad")],
+        ".": [("raylet.out", 3, b"bad")],
+        "w1": [("../../../evil", 3, b"ok!"), ("..", 3, b"bad"), ("", 3, b"bad")],
+    })
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert written == [str((run / "w1" / "evil").relative_to(tmp_path))]
+    assert (run / "w1" / "evil").read_bytes() == b"ok!"

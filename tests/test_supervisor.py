@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from raydist.engine.channel import NodeChannel, NodeLink
+from raydist.engine.channel import _MAX_PENDING, NodeChannel, NodeLink
 
 TREE = (
     "(sleep 300 &) ; "  # an orphaned grandchild, reparented to the subreaper
@@ -333,6 +333,65 @@ def test_strangers_cost_no_thread_and_cannot_block_the_channel() -> None:
         ch.close()
         if sup is not None:
             sup.wait(timeout=15)
+
+
+def test_a_key_the_cluster_never_issues_is_refused_even_with_the_secret(channel) -> None:
+    # A node's key names its log directory at teardown: "../../x" must never get that far.
+    ch, rec, secret = channel
+    sup = _start_at((ch.host, ch.port), secret, [], key="../../x")
+    sup.wait(timeout=15)
+    assert not [e for e in rec.events if e[0] == "hello"]
+    with socket.create_connection((ch.host, ch.port)) as s:
+        s.sendall(json.dumps({"type": "hello", "secret": secret, "key": "w0/../../x"}).encode() + b"\n")
+        s.settimeout(5)
+        assert s.recv(4096) == b'{"type":"refused"}\n'
+    assert not [e for e in rec.events if e[0] == "hello"]
+
+
+def test_a_flood_of_strangers_from_another_host_cannot_push_out_a_slow_hello() -> None:
+    # Strangers on 127.0.0.2 connect as fast as they can and say nothing; a
+    # real node on 127.0.0.1 takes a second to say hello. It must be heard
+    # (before, each new stranger pushed the oldest waiting hello out).
+    rec = Recorder()
+    secret = os.urandom(8).hex()
+    ch = NodeChannel("127.0.0.1", secret, rec, handshake_s=3.0)
+    stop = threading.Event()
+    made = [0]
+
+    def flood() -> None:
+        held: list[socket.socket] = []
+        while not stop.is_set():
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.2", 0))
+                s.connect((ch.host, ch.port))
+                made[0] += 1
+            except OSError:
+                s.close()
+                continue
+            held.append(s)
+            if len(held) > 300:
+                held.pop(0).close()
+        for s in held:
+            s.close()
+
+    flooder = threading.Thread(target=flood, daemon=True)
+    flooder.start()
+    try:
+        time.sleep(0.5)
+        with socket.create_connection((ch.host, ch.port)) as real:
+            before = made[0]
+            time.sleep(1.0)  # a slow hello, while the flood goes on
+            during = made[0] - before
+            hello = {"type": "hello", "secret": secret, "key": "w0", "host": "h", "pid": 1, "incarnation": "i"}
+            real.sendall(json.dumps(hello).encode() + b"\n")
+            heard = rec.wait("hello", timeout=5)
+        assert during > _MAX_PENDING  # more strangers came meanwhile than the channel holds waiting
+        assert heard
+    finally:
+        stop.set()
+        flooder.join(10)
+        ch.close()
 
 
 def test_an_endless_line_from_a_node_breaks_only_its_link() -> None:

@@ -25,6 +25,7 @@ import base64
 import hmac
 import json
 import logging
+import re
 import secrets
 import selectors
 import socket
@@ -55,8 +56,18 @@ log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 40
 #: Longest hello accepted from a connection that has not authenticated yet.
 _HELLO_MAX = 4096
-#: Connections allowed to be saying hello at once; the oldest is dropped beyond.
+#: Connections allowed to be saying hello at once; one more is closed at
+#: once (a supervisor tries again), so strangers cannot push out a node
+#: that is saying hello.
 _MAX_PENDING = 64
+#: Connections taken from the listen backlog in one round of the handshake thread.
+_ACCEPT_BATCH = 256
+#: Of the connections saying hello, from one address: strangers on one host cannot hold every slot.
+#: (Connections this process dialled to a relay are not counted here.)
+_MAX_PENDING_PER_SOURCE = 8
+#: The node keys a cluster issues (launch.HEAD_KEY and slot.WorkerSlot's
+#: ``wN``): a peer's key names a directory when its logs are kept.
+_NODE_KEY = re.compile(r"(head|w[0-9]{1,9})\Z")
 
 
 @dataclass
@@ -218,11 +229,18 @@ class NodeChannel:
         sel.register(self._server, selectors.EVENT_READ)
         sel.register(self._wake_r, selectors.EVENT_READ)
         pending: dict[socket.socket, tuple[bytearray, float]] = {}
+        sources: dict[socket.socket, str] = {}  # where each accepted (not adopted) pending connection came from
 
         def drop(conn: socket.socket) -> None:
             pending.pop(conn, None)
+            sources.pop(conn, None)
             sel.unregister(conn)
             conn.close()
+
+        def room_for(source: str | None) -> bool:
+            if len(pending) >= _MAX_PENDING:
+                return False
+            return source is None or sum(1 for s in sources.values() if s == source) < _MAX_PENDING_PER_SOURCE
 
         try:
             while not self._closing:
@@ -234,7 +252,7 @@ class NodeChannel:
                     sock = key.fileobj
                     if self._closing:
                         continue
-                    new: list[socket.socket] = []
+                    new: list[tuple[socket.socket, str | None]] = []
                     if sock is self._wake_r:
                         try:
                             while self._wake_r.recv(4096):
@@ -242,24 +260,33 @@ class NodeChannel:
                         except OSError:
                             pass
                         while self._adopted:
-                            new.append(self._adopted.popleft())
+                            new.append((self._adopted.popleft(), None))
                     elif sock is self._server:
-                        try:
-                            new.append(self._server.accept()[0])
-                        except OSError:
-                            time.sleep(0.05)  # out of file descriptors, say: back off, do not spin
+                        # Every connection queued (up to a bound), so that a
+                        # flood cannot fill the listen backlog under a node.
+                        for _ in range(_ACCEPT_BATCH):
+                            try:
+                                conn, peer = self._server.accept()
+                            except BlockingIOError:
+                                break
+                            except OSError:
+                                time.sleep(0.05)  # out of file descriptors, say: back off, do not spin
+                                break
+                            new.append((conn, str(peer[0])))
+                    for conn, source in new:
+                        if not room_for(source):
+                            conn.close()  # full: refused, not one saying hello pushed out
                             continue
-                    for conn in new:
-                        if len(pending) >= _MAX_PENDING:
-                            drop(min(pending, key=lambda c: pending[c][1]))
                         conn.setblocking(False)
                         pending[conn] = (bytearray(), time.monotonic() + self._handshake_s)
+                        if source is not None:
+                            sources[conn] = source
                         sel.register(conn, selectors.EVENT_READ)
                     if sock is self._wake_r or sock is self._server:
                         continue
                     assert isinstance(sock, socket.socket)
                     if sock not in pending:
-                        continue  # dropped earlier in this round (the oldest, to make room)
+                        continue  # dropped earlier in this round
                     buf, _ = pending[sock]
                     try:
                         chunk = sock.recv(_HELLO_MAX)
@@ -274,6 +301,7 @@ class NodeChannel:
                         continue
                     if end >= 0:
                         pending.pop(sock)
+                        sources.pop(sock, None)
                         sel.unregister(sock)
                         try:
                             self._admit(sock, bytes(buf[:end]), bytes(buf[end + 1:]))
@@ -299,7 +327,13 @@ class NodeChannel:
             hello = None
         given = str(hello.get("secret", "")).encode() if isinstance(hello, dict) else b""
         if not isinstance(hello, dict) or hello.get("type") != "hello" or not hmac.compare_digest(given, self._secret):
-            log.warning("refused a node connection without the cluster's secret")
+            why = "without the cluster's secret"
+        elif not _NODE_KEY.match(str(hello.get("key", ""))):
+            why = "with a node key the cluster never issues"
+        else:
+            why = ""
+        if why:
+            log.warning("refused a node connection %s", why)
             try:
                 conn.sendall(encode({"type": "refused"}))
             except OSError:

@@ -98,9 +98,14 @@ def keep(root: Path, cluster: str, by_node: Mapping[str, list[LogFile]], *, limi
     run = root / cluster / time.strftime("%Y%m%d-%H%M%S")
     for node, files in by_node.items():
         where = run / node
+        if where.resolve().parent != run.resolve():  # "../x", "/x", "a/b", "." climb out or in
+            log.warning("cluster %s: not keeping the logs of a node whose key is not a plain name", cluster)
+            continue
         where.mkdir(parents=True, exist_ok=True, mode=0o700)
         for name, _, data in files:
-            (where / os.path.basename(name)).write_bytes(data)
+            base = os.path.basename(name)
+            if base not in ("", ".", ".."):
+                (where / base).write_bytes(data)
     runs = sorted((d for c in root.iterdir() if c.is_dir() for d in c.iterdir() if d.is_dir()),
                   key=lambda d: d.stat().st_mtime)
     total = sum(_size(d) for d in runs)
