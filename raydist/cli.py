@@ -159,10 +159,13 @@ def _stop_server() -> int:
     wait until it has torn its clusters down and exited."""
     import signal
 
-    from raydist.paths import home
+    from raydist.paths import home, home_served
 
+    state = home()
     try:
-        info = json.loads((home() / "server.json").read_text())
+        if not home_served(state):  # server.json may outlive its server, and its pid be another process's now
+            raise ProcessLookupError
+        info = json.loads((state / "server.json").read_text())
         proc = psutil.Process(int(info["pid"]))
     except (OSError, ValueError, KeyError, TypeError, psutil.Error):
         out.print("no control plane is running for this RAYDIST_HOME")

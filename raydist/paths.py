@@ -11,16 +11,50 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["home", "private_file", "read_private", "hold_home"]
+__all__ = ["home", "home_served", "narrow", "private_file", "read_private", "hold_home"]
 
 log = logging.getLogger(__name__)
 
 
 def home() -> Path:
-    """The raydist home directory, created with mode 0700 if missing."""
+    """The raydist home directory, created with mode 0700 if missing; one of
+    this user's that others could enter (it holds tokens and the state
+    database) is narrowed to 0700, with a warning naming it."""
     path = Path(os.environ.get("RAYDIST_HOME") or Path.home() / ".raydist").expanduser()
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    narrow(path, 0o700)
     return path
+
+
+def narrow(path: Path, mode: int) -> None:
+    """Take from ``path`` (this user's) any permission beyond ``mode`` for
+    the group and others, with a warning naming it; another user's is left."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return
+    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & (stat.S_IRWXG | stat.S_IRWXO) & ~mode:
+        log.warning("%s was open to others (mode %o); narrowed it to %o", path, stat.S_IMODE(st.st_mode), mode)
+        os.chmod(path, mode)
+
+
+def home_served(path: Path) -> bool:
+    """Whether a control plane holds the home ``path`` now (its lock, which
+    the kernel drops when that process dies: a pid in server.json may be
+    stale, and name another process by now)."""
+    import fcntl
+
+    try:
+        fd = os.open(path / "server.lock", os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock taken here
+    return False
 
 
 def logs_dir() -> Path:

@@ -8,6 +8,7 @@ waits on the cluster engine.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -16,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from raydist.paths import narrow
 
 __all__ = ["Store", "ClusterRow"]
 
@@ -67,6 +70,11 @@ class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        # Rows hold specs (their env values included): this user's only.
+        # SQLite gives the -wal and -shm files the database file's mode.
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        for each in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            narrow(each, 0o600)
         self._local = threading.local()
         with self._db() as db:
             db.executescript(_SCHEMA)

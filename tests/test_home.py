@@ -1,0 +1,70 @@
+"""What RAYDIST_HOME holds is this user's alone, and a stale server.json
+names no process to stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from raydist.control.store import ClusterRow, Store
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_an_existing_home_open_to_others_is_narrowed(tmp_path: Path, monkeypatch, caplog) -> None:
+    from raydist.paths import home
+
+    shared = tmp_path / "home"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    monkeypatch.setenv("RAYDIST_HOME", str(shared))
+    with caplog.at_level("WARNING"):
+        assert home() == shared
+    assert _mode(shared) == 0o700 and str(shared) in caplog.text
+
+
+def test_the_state_database_and_its_journal_files_are_private(tmp_path: Path) -> None:
+    old_umask = os.umask(0o022)  # as most users have it: new files 0644
+    try:
+        fresh = Store(tmp_path / "state.db")
+        fresh.put(ClusterRow(name="a", spec={"env": {"WANDB_API_KEY": "x"}}, state="RUNNING"))
+        files = [tmp_path / n for n in ("state.db", "state.db-wal", "state.db-shm")]
+        assert all(f.exists() for f in files)
+        assert [_mode(f) for f in files] == [0o600] * 3
+        # One a wider umask left before: narrowed when the store opens it.
+        (tmp_path / "old").mkdir()
+        older = tmp_path / "old" / "state.db"
+        Store(older).put(ClusterRow(name="b", spec={}, state="RUNNING"))
+        for f in older.parent.iterdir():
+            f.chmod(0o644)
+        again = Store(older)
+        assert again.get("b") is not None
+        assert {f.name: _mode(f) for f in older.parent.iterdir()} == {f.name: 0o600 for f in older.parent.iterdir()}
+    finally:
+        os.umask(old_umask)
+
+
+def test_serve_stop_with_a_stale_server_file_signals_no_one(tmp_path: Path) -> None:
+    # The control plane died without cleaning up; its pid now names another
+    # process (here: a sleep of ours). `serve --stop` must leave it alone.
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        home = tmp_path / "home"
+        home.mkdir(mode=0o700)
+        (home / "server.json").write_text(json.dumps({"address": "127.0.0.1:1", "pid": bystander.pid}))
+        (home / "server.lock").write_text("")  # the lock file stays; no process holds its lock
+        env = {**os.environ, "RAYDIST_HOME": str(home)}
+        proc = subprocess.run([sys.executable, "-m", "raydist.cli", "serve", "--stop"], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert "no control plane is running" in proc.stdout
+        assert bystander.poll() is None  # not signalled
+    finally:
+        bystander.kill()
+        bystander.wait()
