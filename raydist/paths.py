@@ -10,8 +10,10 @@ import logging
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
-__all__ = ["home", "home_served", "narrow", "private_file", "read_private", "hold_home"]
+__all__ = ["home", "home_served", "narrow", "open_private_log", "private_dir", "private_file", "read_private",
+           "hold_home"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,33 @@ def narrow(path: Path, mode: int) -> None:
     if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & (stat.S_IRWXG | stat.S_IRWXO) & ~mode:
         log.warning("%s was open to others (mode %o); narrowed it to %o", path, stat.S_IMODE(st.st_mode), mode)
         os.chmod(path, mode)
+
+
+def private_dir(path: str | Path) -> None:
+    """Make ``path`` a directory of this user's only (0700), or accept one
+    that is already exactly that. In a shared directory such as /tmp, a
+    name another user made first (a directory of theirs, or a symlink to
+    somewhere of ours) is refused with PermissionError naming the path and
+    what is wrong, never written into."""
+    try:
+        os.mkdir(path, 0o700)
+        return
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(f"{path} exists and is not a plain directory (a symlink?): remove it and start again")
+    if st.st_uid != os.geteuid():
+        raise PermissionError(f"{path} belongs to uid {st.st_uid}, not to this user: remove it and start again")
+    if stat.S_IMODE(st.st_mode) & (stat.S_IRWXG | stat.S_IRWXO):
+        os.chmod(path, 0o700)
+
+
+def open_private_log(path: str | Path) -> Any:
+    """Open ``path`` to append text, created 0600; a symlink there is
+    refused (OSError), not followed to a file of someone else's choosing."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    return os.fdopen(fd, "a", encoding="utf-8")
 
 
 def home_served(path: Path) -> bool:

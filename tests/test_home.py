@@ -68,3 +68,35 @@ def test_serve_stop_with_a_stale_server_file_signals_no_one(tmp_path: Path) -> N
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_a_node_temp_dir_another_made_first_is_refused_not_used(tmp_path: Path) -> None:
+    # /tmp is shared: a name made before the node (a symlink to a place of
+    # ours, or a directory open to all) must not become the node's.
+    import pytest
+
+    from raydist.paths import open_private_log, private_dir
+
+    fresh = tmp_path / "raydist-ab12-w0"
+    private_dir(fresh)
+    private_dir(fresh)  # the node's own, again (a restarted node): fine
+    assert _mode(fresh) == 0o700
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    trap = tmp_path / "raydist-ab12-w1"
+    trap.symlink_to(target)
+    with pytest.raises(PermissionError, match="raydist-ab12-w1"):
+        private_dir(trap)
+    wide = tmp_path / "raydist-ab12-w2"
+    wide.mkdir()
+    wide.chmod(0o777)
+    private_dir(wide)  # this user's own: narrowed
+    assert _mode(wide) == 0o700
+    # The node's log file: created 0600, a symlink there refused.
+    with open_private_log(fresh / "raydist-w0.log") as f:
+        f.write("started\n")
+    assert _mode(fresh / "raydist-w0.log") == 0o600
+    (fresh / "raydist-w9.log").symlink_to(tmp_path / "victim")
+    with pytest.raises(OSError):
+        open_private_log(fresh / "raydist-w9.log")
+    assert not (tmp_path / "victim").exists() and list(target.iterdir()) == []

@@ -27,6 +27,7 @@ from raydist.engine.ports import preferred_or_free_port
 from raydist.engine.relay import LinkRelay
 from raydist.engine.sizing import memory_limit, node_size, visible_gpus
 from raydist.engine.wire import HEAD_FROM_LINK
+from raydist.paths import private_dir
 
 if TYPE_CHECKING:
     from raydist.engine.spark import SparkCapacity
@@ -231,7 +232,7 @@ def spawn_supervisor(plan: NodePlan, *, argv: list[str], node_ip: str, env: Mapp
         "demand_s": plan.demand_s,
     }
     if plan.temp_dir:
-        os.makedirs(plan.temp_dir, mode=0o700, exist_ok=True)
+        private_dir(plan.temp_dir)
     proc = subprocess.Popen(
         [sys.executable, "-m", "raydist.engine.supervisor"],
         stdin=subprocess.PIPE,

@@ -69,6 +69,7 @@ from raydist.engine.wire import (
     encode,
     send,
 )
+from raydist.paths import open_private_log
 
 _POLL_S = 0.2
 #: Per-node ports raydist picks so that nodes sharing a host never race for Ray's defaults.
@@ -342,7 +343,7 @@ class Supervisor:
                 env = dict(os.environ)
                 env.update(self.cfg.get("env", {}))
                 log_path = self.cfg.get("log_path")
-                self.log_file = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
+                self.log_file = open_private_log(log_path) if log_path else None
                 self.argv_used = self.argv()
                 self.proc = subprocess.Popen(
                     self.argv_used,
