@@ -100,3 +100,14 @@ def test_a_node_temp_dir_another_made_first_is_refused_not_used(tmp_path: Path) 
     with pytest.raises(OSError):
         open_private_log(fresh / "raydist-w9.log")
     assert not (tmp_path / "victim").exists() and list(target.iterdir()) == []
+
+
+def test_the_client_says_when_the_control_token_would_go_in_clear_off_this_host(caplog) -> None:
+    from raydist.control.client import Client
+
+    with caplog.at_level("WARNING", logger="raydist.control.client"):
+        Client("127.0.0.1:1", token="tok-local-secret").close()
+        assert caplog.text == ""  # this host: nothing to say
+        Client("192.0.2.7:50051", token="tok-remote-secret").close()  # TEST-NET-1: never dialled here
+    assert "192.0.2.7:50051" in caplog.text and "RAYDIST_TLS_CA" in caplog.text
+    assert "tok-" not in caplog.text

@@ -8,6 +8,7 @@ the other codes are answers, not transport trouble. Errors arrive as
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -20,6 +21,8 @@ from raydist.errors import ControlPlaneUnavailableError, RPCError
 from raydist.paths import home, read_private
 
 __all__ = ["Client", "default_address"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -40,6 +43,22 @@ def _default_token() -> str | None:
     if given:
         return given
     return read_private(home() / "control_token")
+
+
+def _on_this_host(address: str) -> bool:
+    """Whether ``address`` (``host:port``, ``unix:path``) stays on this
+    machine: a Unix socket, or a host whose every address is loopback."""
+    import ipaddress
+    import socket
+
+    if address.startswith("unix:"):
+        return True
+    host = address.rpartition(":")[0].strip("[]") or address
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
 
 
 class Client:
@@ -85,6 +104,9 @@ class Client:
             )
             self._channel = grpc.secure_channel(address, creds)
         else:
+            if self._token and not _on_this_host(address):
+                log.warning("the control token goes in clear to %s: set RAYDIST_TLS_CA (and serve with TLS) "
+                            "to reach a control plane on another host", address)
             self._channel = grpc.insecure_channel(address)
         self._stub = rpc.ClusterServiceStub(self._channel)
 
