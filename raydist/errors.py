@@ -120,6 +120,16 @@ class NodeStartTimeoutError(RaydistError, TimeoutError):
         return (self.__class__, (self.expected, self.started, self.timeout, self.pending))
 
 
+class LinkPortsInUseError(RaydistError):
+    """Every port of ``server.link_ports`` has a cluster's node link on it."""
+
+    def __init__(self, low: int, high: int) -> None:
+        self.low, self.high = low, high
+        super().__init__(f"every port of server.link_ports ({low}-{high}) is in use, one per running cluster: "
+                         "widen the range (and the firewall rule or NetworkPolicy that names it), "
+                         "or tear a cluster down")
+
+
 class ClusterNotFoundError(RaydistError, LookupError):
     """No cluster of that name is known here."""
 

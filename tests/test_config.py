@@ -71,6 +71,10 @@ def test_defaults_without_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
         ("[spark]\nremote = 'http://x:15002'\n", "spark.remote"),
         ("[spark]\nremote = 'sc://x:15002'\nmaster = 'spark://m:7077'\n", "spark.remote"),
         ("[spark]\nremote = 'sc://x:15002'\n[ray]\nhead = 'driver'\n", "ray.head"),
+        ("[server]\nlink_ports = '50200'\n", "server.link_ports"),
+        ("[server]\nlink_ports = '50263-50200'\n", "server.link_ports"),
+        ("[server]\nlink_ports = '15000-15063'\n", "server.link_ports"),
+        ("[server]\nlink_ports = '50100-50200'\n", "server.link_ports"),  # holds server.port 50151
         ("[extra]\n", "extra"),
         ("not toml [", "config"),
     ],
@@ -108,3 +112,8 @@ def test_a_secret_file_others_can_read_is_narrowed_and_still_read(tmp_path, monk
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert "control_token" in caplog.text and "s3cr3t" not in caplog.text
     assert read_private(tmp_path / "missing") is None
+
+
+def test_link_ports_name_a_range_the_node_links_listen_in() -> None:
+    assert ServerConfig().link_port_range() is None  # any free port
+    assert ServerConfig.from_toml("[server]\nlink_ports = ' 50200 - 50263 '\n").link_port_range() == (50200, 50263)

@@ -164,6 +164,39 @@ def test_ports_and_probes_match_the_config(base: list[dict[str, Any]]) -> None:
     assert {p["targetPort"] for p in api["spec"]["ports"]} == {"grpc", "metrics"}
 
 
+def test_executors_reach_only_spark_and_the_node_links_on_the_control_plane(base: list[dict[str, Any]]) -> None:
+    # Tenant code runs in executor pods: they must not reach the API (nor
+    # anything else of the control plane's) beyond what their nodes need.
+    cfg = ServerConfig.from_toml(_one(base, "ConfigMap")["data"]["raydist.toml"])
+    policy = _one(base, "NetworkPolicy", "raydist-control-plane")["spec"]
+    executor = {"spark-role": "executor", "app.kubernetes.io/part-of": "raydist"}
+    client = {"app.kubernetes.io/name": "notebook"}
+
+    def admits(labels: dict[str, str]) -> set[tuple[int, int]] | None:
+        """The port ranges the policy lets a pod with ``labels`` reach (None: every port)."""
+        reach: set[tuple[int, int]] = set()
+        for rule in policy["ingress"]:
+            for peer in rule["from"]:
+                sel = peer["podSelector"]
+                if not _selects(sel.get("matchLabels", {}), labels):
+                    continue
+                if any(e["operator"] == "DoesNotExist" and e["key"] in labels for e in sel.get("matchExpressions", [])):
+                    continue
+                if "ports" not in rule:
+                    return None
+                reach |= {(p["port"], p.get("endPort", p["port"])) for p in rule["ports"]}
+        return reach
+
+    low, high = cfg.link_port_range() or (0, 0)
+    assert high - low + 1 >= 16  # room for that many clusters at once
+    spark_ports = {int(cfg.spark_conf["spark.driver.port"]), int(cfg.spark_conf["spark.driver.blockManager.port"])}
+    assert admits(executor) == {(p, p) for p in spark_ports} | {(low, high)}
+    assert admits(client) == {(cfg.port, cfg.port), (cfg.metrics_port, cfg.metrics_port)}
+    # Spark's own RPC between the driver and the executors: authenticated, encrypted.
+    assert cfg.spark_conf["spark.authenticate"] == "true"
+    assert cfg.spark_conf["spark.network.crypto.enabled"] == "true"
+
+
 def test_spark_on_kubernetes_settings_point_at_these_objects(base: list[dict[str, Any]]) -> None:
     kust = _kustomization(K8S / "base")
     cfg = ServerConfig.from_toml(_one(base, "ConfigMap")["data"]["raydist.toml"])
@@ -202,7 +235,7 @@ def test_gpu_overlay_asks_for_gpus() -> None:
     for key, value in base_cfg.spark_conf.items():
         if not key.startswith(("spark.executor.", "spark.kubernetes.executor.")):
             assert conf[key] == value, key
-    assert (cfg.port, cfg.head_ports) == (base_cfg.port, base_cfg.head_ports)
+    assert (cfg.port, cfg.head_ports, cfg.link_ports) == (base_cfg.port, base_cfg.head_ports, base_cfg.link_ports)
 
 
 def test_dockerfile_installs_the_readme_way_and_ships_its_scripts() -> None:

@@ -394,6 +394,27 @@ def test_a_flood_of_strangers_from_another_host_cannot_push_out_a_slow_hello() -
         ch.close()
 
 
+def test_channels_listen_within_the_link_ports_and_say_when_they_are_all_taken() -> None:
+    from raydist.engine.ports import free_port
+    from raydist.errors import LinkPortsInUseError
+
+    low = free_port("127.0.0.1")
+    while low > 65000 or 10002 <= low <= 19999:
+        low = free_port("127.0.0.1")
+    rec = Recorder()
+    first = NodeChannel("127.0.0.1", "s", rec, ports=(low, low + 1))
+    try:
+        second = NodeChannel("127.0.0.1", "s", rec, ports=(low, low + 1))
+        try:
+            assert {first.port, second.port} == {low, low + 1}
+            with pytest.raises(LinkPortsInUseError, match=f"server.link_ports \\({low}-{low + 1}\\)"):
+                NodeChannel("127.0.0.1", "s", rec, ports=(low, low + 1))
+        finally:
+            second.close()
+    finally:
+        first.close()
+
+
 def test_an_endless_line_from_a_node_breaks_only_its_link() -> None:
     rec = Recorder()
     secret = os.urandom(8).hex()

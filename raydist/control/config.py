@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ CONFIG_ENV = "RAYDIST_CONFIG"
 
 _SERVER_KEYS = {"host": str, "port": int, "metrics_port": int, "grace_s": float, "idle_stop_s": float,
                 "tls_cert": str, "tls_key": str,
-                "tls_client_ca": str}
+                "tls_client_ca": str, "link_ports": str}
 _KIND_WORDS = {str: "a string", int: "a whole number", float: "a number"}
 #: `[ray] <name>_port` for each head port the engine lets a deployment pin.
 _RAY_KEYS = {f"{name}_port": name for name in HEAD_PORTS}
@@ -72,6 +73,10 @@ class ServerConfig:
         head_ports: fixed head ports (``gcs``, ``client``, ``dashboard``) for
             the first cluster on a host, so a firewall rule can name them;
             later clusters there get free ports.
+        link_ports: ``"low-high"``: the ports the node links of clusters
+            listen on, one per running cluster (default: any free port), so
+            that a firewall rule or a NetworkPolicy can let executors reach
+            the control plane on these and Spark's ports alone.
         head: where each cluster's head runs: ``executor``, a Spark task of
             its own, so that no tenant code runs in the control plane's
             process tree where its secrets are; ``driver``, beside the control
@@ -94,6 +99,7 @@ class ServerConfig:
     spark_conf: dict[str, str] = field(default_factory=dict)
     head_ports: dict[str, int] = field(default_factory=dict)
     head: str = "auto"
+    link_ports: str = ""
 
     def __post_init__(self) -> None:
         if self.head not in HEAD_PLACES:
@@ -118,6 +124,11 @@ class ServerConfig:
                 raise SpecError(f"ray.{name}_port", port, "an integer port from 1 to 65535")
             if 10002 <= port <= 19999:
                 raise SpecError(f"ray.{name}_port", port, "a port outside Ray's worker ports 10002-19999")
+        links = self.link_port_range()  # raises for a malformed range
+        if links is not None:
+            for label, port in named:
+                if isinstance(port, int) and links[0] <= port <= links[1]:
+                    raise SpecError("server.link_ports", self.link_ports, f"a range without {label} ({port})")
         for name in ("grace_s", "idle_stop_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e9:
@@ -200,6 +211,18 @@ class ServerConfig:
             raise SpecError("--config" if path else CONFIG_ENV, str(where),
                             f"a readable raydist.toml ({exc.strerror})") from None
         return cls.from_toml(text, str(where))
+
+    def link_port_range(self) -> tuple[int, int] | None:
+        """``link_ports`` as (low, high), or None for any free port."""
+        if not self.link_ports:
+            return None
+        found = re.fullmatch(r"\s*(\d{1,5})\s*-\s*(\d{1,5})\s*", str(self.link_ports))
+        low, high = (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+        if not found or not 1 <= low <= high <= 65535:
+            raise SpecError("server.link_ports", self.link_ports, 'a port range such as "50200-50263"')
+        if low <= 19999 and high >= 10002:
+            raise SpecError("server.link_ports", self.link_ports, "a range outside Ray's worker ports 10002-19999")
+        return low, high
 
     def heads_in_tasks(self) -> bool:
         """Whether clusters' heads run in Spark tasks (``head``, resolved)."""

@@ -58,7 +58,8 @@ class ClusterManager:
     """The control plane's clusters: engine objects, store rows, cached protos."""
 
     def __init__(self, store: Store, spark_factory: Callable[[], Any], on_change: Callable[[str], None], *,
-                 head_ports: Mapping[str, int] | None = None, head_in_task: bool = True) -> None:
+                 head_ports: Mapping[str, int] | None = None, head_in_task: bool = True,
+                 link_ports: tuple[int, int] | None = None) -> None:
         from raydist._proto import pb
 
         self._pb = pb
@@ -75,6 +76,7 @@ class ClusterManager:
         self._spark_error = ""
         self._head_ports = dict(head_ports or {})
         self._head_in_task = head_in_task
+        self._link_ports = link_ports
 
     # Spark -------------------------------------------------------------------
 
@@ -306,7 +308,8 @@ class ClusterManager:
         try:
             # A token of its own: a user of one cluster cannot reach another.
             engine = RayCluster(spec, self.spark, token=RayToken.generate(), on_event=on_event,
-                                head_ports=self._head_ports, head_in_task=self._head_in_task)
+                                head_ports=self._head_ports, head_in_task=self._head_in_task,
+                                link_ports=self._link_ports)
             with self._lock:
                 self._engines[spec.name] = engine
             engine.start()

@@ -322,7 +322,8 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
         return embedded_session(config.spark_master, config.spark_conf)
 
     manager = ClusterManager(store, spark, notify,
-                             head_ports=config.head_ports, head_in_task=config.heads_in_tasks())
+                             head_ports=config.head_ports, head_in_task=config.heads_in_tasks(),
+                             link_ports=config.link_port_range())
     metrics = _Metrics(manager.states, manager.node_counters)
     auth = _AuthInterceptor(load_or_create_server_token(), metrics)  # before Spark starts (see there)
 

@@ -22,6 +22,7 @@ in constant time and never logged.
 from __future__ import annotations
 
 import base64
+import errno
 import hmac
 import json
 import logging
@@ -68,6 +69,21 @@ _MAX_PENDING_PER_SOURCE = 8
 #: The node keys a cluster issues (launch.HEAD_KEY and slot.WorkerSlot's
 #: ``wN``): a peer's key names a directory when its logs are kept.
 _NODE_KEY = re.compile(r"(head|w[0-9]{1,9})\Z")
+
+
+def _listen(host: str, ports: tuple[int, int] | None) -> socket.socket:
+    if ports is None:
+        return socket.create_server((host, 0), backlog=64)
+    low, high = ports
+    for port in range(low, high + 1):
+        try:
+            return socket.create_server((host, port), backlog=64)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    from raydist.errors import LinkPortsInUseError
+
+    raise LinkPortsInUseError(low, high)
 
 
 @dataclass
@@ -145,7 +161,9 @@ class NodeChannel:
     ``_HELLO_MAX`` bytes within ``handshake_s``); only a connection that
     proves the cluster's secret gets a thread of its own. A link that breaks
     without its node saying ``stopped`` is reported ``closed`` only if the
-    supervisor does not resume it within ``grace_s``.
+    supervisor does not resume it within ``grace_s``. It listens on a free
+    port, or on the first free one of ``ports`` (low, high: a range a
+    firewall rule names).
     """
 
     def __init__(
@@ -157,13 +175,14 @@ class NodeChannel:
         grace_s: float = RECONNECT_GRACE_S,
         idle_s: float = IDLE_S,
         handshake_s: float = HANDSHAKE_S,
+        ports: tuple[int, int] | None = None,
     ) -> None:
         self._secret = secret.encode()
         self._listener = listener
         self._grace_s = grace_s
         self._idle_s = idle_s
         self._handshake_s = handshake_s
-        self._server = socket.create_server((host, 0), backlog=64)
+        self._server = _listen(host, ports)
         self._server.setblocking(False)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)

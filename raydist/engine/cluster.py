@@ -91,9 +91,11 @@ class RayCluster:
         on_event: EventListener | None = None,
         head_ports: Mapping[str, int] | None = None,
         head_in_task: bool | None = None,
+        link_ports: tuple[int, int] | None = None,
     ) -> None:
         self.spec = spec
         self._head_ports = dict(head_ports or {})
+        self._link_ports = link_ports
         self._spark = spark
         self._token = token or load_or_create_token()
         self._outbox = Outbox(on_event, f"raydist-{spec.name}") if on_event is not None else None
@@ -391,7 +393,7 @@ class RayCluster:
         # Behind a relay nothing dials this process: its channel listens on
         # loopback only and adopts the connections it dials out.
         self._channel = NodeChannel("127.0.0.1" if self._head.relay else driver_ip, self._link_secret,
-                                    self._on_link)
+                                    self._on_link, ports=None if self._head.relay else self._link_ports)
         if self._head.in_task:
             head_ip, ports = "", dict(self._head_ports)  # the head's task picks its host's ports
         else:
