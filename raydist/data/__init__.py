@@ -16,6 +16,7 @@ Both need this process connected to the cluster (``ray.init``), as after
 from __future__ import annotations
 
 import functools
+import os
 import secrets
 import uuid
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 from raydist.data._agent import AGENT_NAMESPACE, BlockAgent, fetch_blocks, send_partitions
 from raydist.engine.connection import process_ray
 from raydist.engine.sparkside import side_of
-from raydist.errors import DataFormatError
+from raydist.errors import DataFormatError, SpecError
 
 __all__ = ["from_spark", "to_spark"]
 
@@ -55,24 +56,40 @@ def _from_spark(df: Any, cluster: Any) -> Any:
     _check_free_slot(df.sparkSession)
     agents = _agents()
     job, secret = uuid.uuid4().hex, secrets.token_hex(16)
-    ray.get([agent.expect.remote(job, secret) for agent in agents.values()])
+    ray.get([agent.expect.remote(job, secret, _max_part_bytes()) for agent in agents.values()])
     addresses = {ip: (ip, port) for ip, (_, port) in _ports(agents).items()}
     driver_host = side_of(df.sparkSession).driver_host()
     body = functools.partial(send_partitions, job, secret, addresses, driver_host, schema.serialize().to_pybytes())
+    reported: dict[int, int] = {}
     try:
-        df.mapInArrow(body, "part int, rows long").collect()
+        reported = {int(r["part"]): int(r["rows"]) for r in df.mapInArrow(body, "part int, rows long").collect()}
     finally:
         taken = ray.get([agent.take.remote(job) for agent in agents.values()])
     parts: dict[int, tuple[Any, int]] = {}
     errors: list[str] = []
     for got, errs in taken:
-        parts.update(got)
+        # The plan is what the Spark tasks reported: a part none of them sent
+        # (or of other rows) came from elsewhere, and is left out.
+        parts.update({part: got[part] for part in got if reported.get(part) == got[part][1]})
         errors += errs
     if errors:
         raise RuntimeError(f"Ray nodes could not take {len(errors)} partition(s): {errors[0]}")
+    if parts.keys() != reported.keys():
+        missing = sorted(reported.keys() - parts.keys())
+        raise RuntimeError(f"Ray nodes did not take partition(s) {missing[:5]} that Spark sent; see the driver's log")
     if not parts:
         return ray.data.from_arrow(pa.Table.from_batches([], schema))
     return ray.data.from_arrow_refs([parts[i][0] for i in sorted(parts)])
+
+
+def _max_part_bytes() -> int:
+    """RAYDIST_MAX_PART_BYTES, else the agents' default."""
+    value = os.environ.get("RAYDIST_MAX_PART_BYTES", "")
+    if not value:
+        return 0
+    if not value.isdigit() or int(value) < 1:
+        raise SpecError("RAYDIST_MAX_PART_BYTES", value, "a whole number of bytes (the most one partition may send)")
+    return int(value)
 
 
 def to_spark(ds: Any, spark: Any) -> Any:

@@ -28,6 +28,39 @@ __all__ = ["BlockAgent", "send_partitions", "fetch_blocks", "AGENT_NAMESPACE"]
 
 AGENT_NAMESPACE = "raydist"
 _HEADER_MAX = 4096
+#: Connections served at once; one more is closed at once (a Spark task's
+#: send then fails and Spark retries it), so strangers cannot pile up threads.
+_MAX_CONNECTIONS = 64
+#: How long a connection may take to say which job it is for.
+_HEADER_S = 10.0
+#: Partition indexes a job may name (a bound, not the plan: the driver
+#: keeps only the parts its Spark tasks reported).
+_MAX_PART = 1 << 24
+#: The most bytes one partition may send (RAYDIST_MAX_PART_BYTES).
+MAX_PART_BYTES = 8 << 30
+
+
+class _Bounded:
+    """A binary reader that raises once more than ``limit`` bytes are read."""
+
+    def __init__(self, raw: Any, limit: int) -> None:
+        self._raw, self._left = raw, limit
+        self.closed = False
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:  # to the end, a chunk at a time (never one buffer of the bound's size)
+            chunks = []
+            while chunk := self.read(1 << 20):
+                chunks.append(chunk)
+            return b"".join(chunks)
+        data = self._raw.read(min(n, self._left + 1))
+        self._left -= len(data)
+        if self._left < 0:
+            raise ValueError("the partition is larger than the agent takes (RAYDIST_MAX_PART_BYTES)")
+        return data
+
+    def readable(self) -> bool:
+        return True
 
 
 class BlockAgent:
@@ -37,6 +70,7 @@ class BlockAgent:
         self._server: socket.socket | None = None
         self._lock = threading.Lock()
         self._jobs: dict[str, dict[str, Any]] = {}
+        self._slots = threading.BoundedSemaphore(_MAX_CONNECTIONS)
 
     def open(self, host: str) -> int:
         """Listen on ``host`` (this node's address); returns the port. Idempotent."""
@@ -46,10 +80,12 @@ class BlockAgent:
                 threading.Thread(target=self._accept, daemon=True, name="raydist-block-agent").start()
             return int(self._server.getsockname()[1])
 
-    def expect(self, job: str, secret: str) -> None:
-        """Accept partitions for ``job`` from connections that know ``secret``."""
+    def expect(self, job: str, secret: str, max_bytes: int = 0) -> None:
+        """Accept partitions for ``job`` from connections that know ``secret``,
+        each of at most ``max_bytes`` (0: ``MAX_PART_BYTES``)."""
         with self._lock:
-            self._jobs[job] = {"secret": secret, "parts": {}, "errors": [], "offer": {}}
+            self._jobs[job] = {"secret": secret, "parts": {}, "errors": [], "offer": {},
+                               "max_bytes": max_bytes or MAX_PART_BYTES}
 
     def offer(self, job: str, secret: str, blocks: Mapping[int, Any]) -> None:
         """Serve ``blocks`` (index -> ObjectRef, held here until :meth:`drop`) for ``job``."""
@@ -76,13 +112,23 @@ class BlockAgent:
                 conn, _ = self._server.accept()
             except OSError:
                 return
+            if not self._slots.acquire(blocking=False):
+                conn.close()  # full: refused at once, no thread
+                continue
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        try:
+            self._serve_one(conn)
+        finally:
+            conn.close()
+            self._slots.release()
+
+    def _serve_one(self, conn: socket.socket) -> None:
         import pyarrow as pa
         import ray
 
-        conn.settimeout(600)
+        conn.settimeout(_HEADER_S)
         job = ""
         try:
             stream = conn.makefile("rb")
@@ -93,22 +139,24 @@ class BlockAgent:
             if state is None or not hmac.compare_digest(str(header.get("secret", "")).encode(),
                                                         state["secret"].encode()):
                 return
+            conn.settimeout(600)
             if "block" in header:  # the way back: send one block to a Spark task
                 table = ray.get(state["offer"][int(header["block"])])
                 with conn.makefile("wb") as out, pa.ipc.new_stream(out, table.schema) as writer:
                     writer.write_table(table)
                 return
-            table = pa.ipc.open_stream(stream).read_all()
+            part = header.get("part")
+            if isinstance(part, bool) or not isinstance(part, int) or not 0 <= part < _MAX_PART:
+                raise ValueError(f"a partition index from 0 to {_MAX_PART - 1} (got {str(part)[:20]})")
+            table = pa.ipc.open_stream(_Bounded(stream, state["max_bytes"])).read_all()
             ref = ray.put(table)  # this actor owns the block: it outlives the Spark task
             with self._lock:
-                state["parts"][int(header["part"])] = (ref, table.num_rows)
+                state["parts"][part] = (ref, table.num_rows)
             conn.sendall(json.dumps({"rows": table.num_rows}).encode() + b"\n")
         except Exception as exc:  # noqa: BLE001 - reported to the driver with the job
             with self._lock:
                 if job in self._jobs:
                     self._jobs[job]["errors"].append(f"{type(exc).__name__}: {exc}"[:500])
-        finally:
-            conn.close()
 
 
 # ---------------------------------------------------------------- in Spark tasks

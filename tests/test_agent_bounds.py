@@ -1,0 +1,81 @@
+"""The data handoff's block agent against hostile senders, driven directly
+over real sockets (no Ray: every refusal comes before a block is stored)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pyarrow as pa
+import pytest
+
+from raydist.data import _agent
+from raydist.data._agent import BlockAgent
+
+
+@pytest.fixture
+def agent(monkeypatch: pytest.MonkeyPatch) -> tuple[BlockAgent, int]:
+    monkeypatch.setattr(_agent, "_HEADER_S", 1.0)
+    a = BlockAgent()
+    port = a.open("127.0.0.1")
+    a.expect("job", "s3cret", max_bytes=4096)
+    yield a, port
+    assert a._server is not None
+    a._server.close()
+
+
+def _send(port: int, header: dict, body: bytes = b"") -> bytes:
+    """What the agent answers (b"": nothing, the connection closed or reset)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        try:
+            s.sendall(json.dumps(header).encode() + b"\n" + body)
+            s.shutdown(socket.SHUT_WR)
+            return s.makefile("rb").read()
+        except OSError:  # reset, a broken pipe, or already gone when we shut our side
+            return b""
+
+
+def _ipc(rows: int) -> bytes:
+    table = pa.table({"x": list(range(rows))})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def test_out_of_plan_and_oversize_parts_are_refused_before_they_are_stored(agent) -> None:
+    a, port = agent
+    assert _send(port, {"job": "job", "secret": "s3cret", "part": -1}, _ipc(3)) == b""
+    assert _send(port, {"job": "job", "secret": "s3cret", "part": "0; drop"}, _ipc(3)) == b""
+    assert _send(port, {"job": "job", "secret": "s3cret", "part": 0}, _ipc(10_000)) == b""  # ~80 KB > 4 KiB
+    parts, errors = a.take("job")
+    assert parts == {}
+    assert len(errors) == 3
+    assert "partition index" in errors[0] and "partition index" in errors[1]
+    assert "RAYDIST_MAX_PART_BYTES" in errors[2]
+
+
+def test_strangers_leave_no_trace_and_cannot_hold_every_connection(agent) -> None:
+    a, port = agent
+    # Without the secret: nothing recorded for the job.
+    assert _send(port, {"job": "job", "secret": "guess", "part": 0}, _ipc(3)) == b""
+    # A crowd that says nothing: beyond the cap each is closed at once.
+    crowd = [socket.create_connection(("127.0.0.1", port)) for _ in range(_agent._MAX_CONNECTIONS + 20)]
+    try:
+        time.sleep(0.3)
+        closed = 0
+        for s in crowd:
+            s.settimeout(0.05)
+            try:
+                closed += s.recv(1) == b""
+            except TimeoutError:
+                pass  # held: waits for its header
+        assert closed >= 20
+        # Past the header bound every silent one is dropped, and the agent serves again.
+        time.sleep(1.5)
+        assert _send(port, {"job": "job", "secret": "s3cret", "part": -5}) == b""
+        assert len(a.take("job")[1]) == 1  # served (and refused for its index)
+    finally:
+        for s in crowd:
+            s.close()
