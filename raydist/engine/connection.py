@@ -56,8 +56,8 @@ log = logging.getLogger(__name__)
 DEFAULT_KEYS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
 _AUTH_KEYS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
 #: How long a disconnect waits for raydist's calls into Ray to return once
-#: the hooks have ended the work they wait on (a warm run's workers return
-#: within the controller's health-check interval, 2 s).
+#: the hooks have ended the work they wait on (a warm run's controller is
+#: killed, and a job's wait returns at once: well under a second here).
 _CALLS_LEAVE_S = 30.0
 
 
