@@ -14,6 +14,7 @@ import time
 
 import psutil
 import ray
+from _ray_client import init_through_ray_client
 from pyspark.sql import SparkSession
 
 import raydist
@@ -47,15 +48,7 @@ cluster = raydist.up(spark, workers=1, cpus_per_worker=1)
 ready_s = time.monotonic() - t0
 status = cluster.status()
 
-for attempt in range(3):  # the token comes from the environment raydist.up set
-    try:
-        ray.init(cluster.client_address)
-        break
-    except ConnectionAbortedError as e:
-        # Ray Client's proxy sometimes loses the server it just forked (an
-        # upstream flake, see tests/probe.py): a user retries, and so do we.
-        if attempt == 2 or not any(f in str(e) for f in ("ZombieProcess", "Starting Ray client server failed")):
-            raise
+init_through_ray_client(cluster.client_address)  # the token comes from the environment raydist.up set
 
 
 @ray.remote(num_cpus=1)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import ray  # imported before raydist, as notebooks often do
+from _ray_client import init_through_ray_client
 from pyspark.sql import SparkSession
 
 import raydist
@@ -39,15 +40,7 @@ ray.shutdown()
 ray.init()
 out["plain"] = nodes_used()
 ray.shutdown()
-for attempt in range(3):
-    try:
-        ray.init(cluster.client_address)
-        break
-    except ConnectionAbortedError as e:
-        # Ray Client's proxy sometimes loses the server it just forked (an
-        # upstream flake, see tests/probe.py): a user retries, and so do we.
-        if attempt == 2 or not any(f in str(e) for f in ("ZombieProcess", "Starting Ray client server failed")):
-            raise
+init_through_ray_client(cluster.client_address)
 out["client"] = nodes_used()
 ray.shutdown()
 child = subprocess.run(
