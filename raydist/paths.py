@@ -56,8 +56,7 @@ def private_dir(path: str | Path) -> None:
         raise PermissionError(f"{path} exists and is not a plain directory (a symlink?): remove it and start again")
     if st.st_uid != os.geteuid():
         raise PermissionError(f"{path} belongs to uid {st.st_uid}, not to this user: remove it and start again")
-    if stat.S_IMODE(st.st_mode) & (stat.S_IRWXG | stat.S_IRWXO):
-        os.chmod(path, 0o700)
+    narrow(Path(path), 0o700)
 
 
 def open_private_log(path: str | Path) -> Any:

@@ -60,7 +60,6 @@ def _from_spark(df: Any, cluster: Any) -> Any:
     addresses = {ip: (ip, port) for ip, (_, port) in _ports(agents).items()}
     driver_host = side_of(df.sparkSession).driver_host()
     body = functools.partial(send_partitions, job, secret, addresses, driver_host, schema.serialize().to_pybytes())
-    reported: dict[int, int] = {}
     try:
         reported = {int(r["part"]): int(r["rows"]) for r in df.mapInArrow(body, "part int, rows long").collect()}
     finally:
