@@ -8,9 +8,10 @@ jobs (plain functions) from a :mod:`job board <raydist.train._board>` until
 they have been idle ``keep_alive_s`` seconds. A second job then starts in the
 processes the first one warmed.
 
-What Ray Train still does: places the workers, sets up their process group
-once, restarts the whole group when a worker is lost (``max_failures``), and
-streams the workers' output to the driver. A lost worker makes the new group
+What Ray Train still does: places the workers, restarts the whole group
+when a worker is lost (``max_failures``), and streams the workers' output to
+the driver. It makes no process group: each job makes its own, as under
+torchrun. A lost worker makes the new group
 run the unfinished job again from its start, as a fresh run would.
 
 Each job runs in a child process forked from its warm worker: it starts with
@@ -63,23 +64,17 @@ def _serve(config: dict[str, Any]) -> None:
 
     import ray
     import ray.train
-    import torch.distributed as dist
+    import torch  # noqa: F401 - imported once here, so every job's fork starts with it
     from ray import cloudpickle
+    from ray.train.collective import broadcast_from_rank_zero
 
     from raydist.train._fork import ERROR, LOST, OK, pickle_error, run_forked
 
     board = config["board"]
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    generation = [0]
-    if rank == 0:
-        generation[0] = ray.get(board.new_generation.remote(world))
-    if dist.is_initialized():
-        # Ray Train's process group carries the generation, then makes way for
-        # the group each job makes itself, as under torchrun.
-        dist.broadcast_object_list(generation, src=0)
-        dist.destroy_process_group()
-    gen = generation[0]
+    # Each worker group (a restart makes a new one) is a generation of the board.
+    gen = broadcast_from_rank_zero(ray.get(board.new_generation.remote(world)) if rank == 0 else None)
     ray.get(board.register.remote(gen, rank, ray.get_runtime_context().current_actor))
     base_env = {
         "RANK": str(rank),
@@ -170,14 +165,18 @@ class ResidentRun:
 
         import ray
         from ray.train import FailureConfig, RunConfig, ScalingConfig
-        from ray.train.torch import TorchTrainer
+        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
         from raydist.train._base import fit_ready
         from raydist.train._board import board_actor
         from raydist.train._env import run_settings
 
         self._board = board_actor(self.keep_alive_s)
-        trainer = fit_ready(TorchTrainer(
+        # Not TorchTrainer: each job makes its own process group, as under
+        # torchrun, so Ray Train's would only be torn down again; and without
+        # its torch backend neither this process nor the run's controller
+        # imports torch (seconds of CPU before the first job, on a small host).
+        trainer = fit_ready(DataParallelTrainer(
             _serve,
             train_loop_config={"board": self._board},
             scaling_config=ScalingConfig(
