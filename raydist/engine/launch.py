@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from raydist.engine.ports import preferred_or_free_port
+from raydist.engine.reaper import KILL_GRACE_S
 from raydist.engine.relay import LinkRelay
 from raydist.engine.sizing import memory_limit, node_size, visible_gpus
 from raydist.engine.wire import HEAD_FROM_LINK
@@ -318,16 +319,44 @@ def run_head_node(plan: NodePlan, announce: Callable[[str], None] | None = None)
         return _run_in_task(plan)
     relay = LinkRelay(node_ip, plan.link_secret)
     try:
-        if announce is not None:
-            # The GCS address too: workers start their raylets once it
-            # listens, seconds before `ray start --head` has returned.
-            announce(json.dumps({"relay": relay.address, "gcs": f"{node_ip}:{ports['gcs']}"}))
-        return _run_in_task(replace(plan, channel=(node_ip, relay.port)))
+        # The head starts before the announcement: `ray start --head` runs
+        # while the driver learns where the relay is and links the node.
+        proc = _start_in_task(replace(plan, channel=(node_ip, relay.port)))
+        try:
+            if announce is not None:
+                # The GCS address too: workers start their raylets once it
+                # listens, seconds before `ray start --head` has returned.
+                announce(json.dumps({"relay": relay.address, "gcs": f"{node_ip}:{ports['gcs']}"}))
+        except BaseException:
+            _stop_supervisor(proc)
+            raise
+        return _ended(plan, proc)
     finally:
         relay.close()
 
 
+def _stop_supervisor(proc: subprocess.Popen[bytes]) -> None:
+    """End a node this task started and will not wait for (its supervisor
+    watches the task's process, which a Spark Python worker outlives)."""
+    proc.terminate()  # the supervisor tears its node down on SIGTERM
+    try:
+        proc.wait(timeout=KILL_GRACE_S + 10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _ended(plan: NodePlan, proc: subprocess.Popen[bytes]) -> str:
+    """Wait for the node to end; one JSON line saying how it did."""
+    code = proc.wait()
+    return json.dumps({"key": plan.key, "code": code, "host": socket.gethostname()})
+
+
 def _run_in_task(plan: NodePlan) -> str:
+    return _ended(plan, _start_in_task(plan))
+
+
+def _start_in_task(plan: NodePlan) -> subprocess.Popen[bytes]:
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
@@ -371,6 +400,4 @@ def _run_in_task(plan: NodePlan) -> str:
     }
     if plan.head:
         info["ports"] = dict(plan.head_ports)
-    proc = spawn_supervisor(plan, argv=argv, node_ip=node_ip, env=_node_env(plan, cuda), watch=watch, info=info)
-    code = proc.wait()
-    return json.dumps({"key": plan.key, "code": code, "host": socket.gethostname()})
+    return spawn_supervisor(plan, argv=argv, node_ip=node_ip, env=_node_env(plan, cuda), watch=watch, info=info)

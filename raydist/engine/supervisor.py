@@ -107,6 +107,8 @@ class Supervisor:
         self.sock: socket.socket | None = None
         self.lock = threading.Lock()
         self.proc: subprocess.Popen[str] | None = None
+        self.pump: threading.Thread | None = None
+        self.started = False  # whether the node's `ray start` was told to go
         self.log_file: Any = None
         self.argv_used: list[str] = []
         #: The head's GCS address, for a worker whose head runs in a Spark task
@@ -316,6 +318,36 @@ class Supervisor:
                 argv.append(f"--{option}={free_port(host if host != '0.0.0.0' else '127.0.0.1', taken)}")
         return argv
 
+    def _load_ray(self) -> None:
+        """Start the node's ``ray start`` process now, loading Ray's command
+        line while the link connects and the head comes up
+        (:mod:`raydist.engine.raystart`); :meth:`_start_ray` tells it to go."""
+        env = dict(os.environ)
+        env.update(self.cfg.get("env", {}))
+        log_path = self.cfg.get("log_path")
+        self.log_file = open_private_log(log_path) if log_path else None
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "raydist.engine.raystart"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=self.cfg.get("cwd") or None,
+            preexec_fn=die_with_parent,
+        )
+        self.pump = threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True)
+        self.pump.start()
+
+    def _start_ray(self) -> None:
+        """Run ``ray start --block`` for this node in the loaded process; its
+        output goes to the node's log and over the link."""
+        assert self.proc is not None and self.proc.stdin is not None
+        self.argv_used = self.argv()
+        self.proc.stdin.write(json.dumps(self.argv_used) + "\n")
+        self.proc.stdin.close()
+        self.started = True
+
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *_: self.request_stop("signalled"))
@@ -323,8 +355,13 @@ class Supervisor:
         deadline = time.monotonic() + float(self.cfg.get("deadline_s", 180))
         code = 0
         try:
-            self.connect()
+            self._load_ray()
             wait = self.cfg.get("wait_for")
+            if not wait:
+                # Nothing to wait for (a head): Ray starts while the link
+                # connects; what it says meanwhile is sent once it has.
+                self._start_ray()
+            self.connect()
             if wait == HEAD_FROM_LINK:
                 while not self.stop.is_set() and not self.head_known.wait(0.5):
                     if time.monotonic() > deadline:
@@ -339,24 +376,10 @@ class Supervisor:
                         self.log(f"raydist: the head at {wait} did not answer before the start deadline")
                         self.request_stop("head unreachable")
                         code = 3
-            if not self.stop.is_set():
-                env = dict(os.environ)
-                env.update(self.cfg.get("env", {}))
-                log_path = self.cfg.get("log_path")
-                self.log_file = open_private_log(log_path) if log_path else None
-                self.argv_used = self.argv()
-                self.proc = subprocess.Popen(
-                    self.argv_used,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                    env=env,
-                    cwd=self.cfg.get("cwd") or None,
-                    preexec_fn=die_with_parent,
-                )
-                pump = threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True)
-                pump.start()
+            if not self.stop.is_set() and not self.started:
+                self._start_ray()
+            if self.started and self.proc is not None and self.pump is not None:
+                pump = self.pump
                 core: dict[int, tuple[psutil.Process, str]] = {}
                 polls = 0
                 while not self.stop.wait(_POLL_S):
