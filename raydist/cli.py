@@ -250,6 +250,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.stop:
         return _stop_server()
+    if os.environ.get("RAYDIST_TOKEN") and sys.platform.startswith("linux"):
+        _serve_again_without_token(args.argv)
 
     from raydist.control.server import ServerConfig, serve
 
@@ -260,6 +262,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
         spark_conf=dict(args.spark_conf) or None, idle_stop_s=args.idle_stop_s, head=args.head,
     )
     return asyncio.run(serve(cfg, ready=lambda addr: print(f"raydist control plane ready on {addr}", flush=True)))
+
+
+def _serve_again_without_token(argv: list[str]) -> None:
+    """Start this ``raydist serve`` again (``exec``: the same process) with
+    ``RAYDIST_TOKEN`` handed over through a pipe instead of the environment:
+    ``/proc/<pid>/environ`` shows a process's starting environment for its
+    whole life, whatever it removes later. See load_or_create_server_token."""
+    from raydist.control.server import TOKEN_FD_ENV
+
+    token = os.environ.pop("RAYDIST_TOKEN")
+    read, write = os.pipe()
+    os.write(write, token.encode())  # a token is far below a pipe's buffer: this never blocks
+    os.close(write)
+    os.set_inheritable(read, True)
+    env = {**os.environ, TOKEN_FD_ENV: str(read)}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "raydist.cli", *argv], env)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -447,6 +467,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    given = list(argv)
     # `raydist submit NAME [options] -- COMMAND...`: what follows the first --
     # is the job's command, word for word (argparse would read its options).
     entrypoint: list[str] = []
@@ -458,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     if entrypoint and args.command != "submit":
         parser.error(f"only `raydist submit` takes a command after --, not `raydist {args.command}`")
     args.entrypoint = entrypoint
+    args.argv = given
     logging.basicConfig(level=logging.INFO if args.verbose or args.command == "serve" else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

@@ -39,6 +39,9 @@ __all__ = [
 #: and, on Kubernetes, part of pod labels.
 # Matched whole (fullmatch): "$" alone would let a trailing newline through.
 _NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+#: A cluster's full name: a control plane names a tenant's cluster
+#: ``NAME.TENANT`` (see raydist.control.tenants); a '.' is in no label.
+_FULL_NAME_RE = re.compile(rf"{_NAME_RE.pattern}(\.{_NAME_RE.pattern})?")
 _OPTION_RE = re.compile(r"[a-z][a-z0-9-]{0,63}")
 _ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
@@ -132,9 +135,11 @@ def _check_int(name: str, value: Any, low: int, high: int) -> int:
     return value
 
 
-def check_name(name: object, field: str = "name") -> str:
-    """``name`` when it is a valid cluster name; SpecError naming ``field`` else."""
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+def check_name(name: object, field: str = "name", *, full: bool = False) -> str:
+    """``name`` when it is a valid cluster name (``full``: or a tenant's
+    cluster's full name, ``NAME.TENANT``); SpecError naming ``field`` else."""
+    pattern = _FULL_NAME_RE if full else _NAME_RE
+    if not isinstance(name, str) or not pattern.fullmatch(name):
         raise SpecError(
             field,
             name,
@@ -211,7 +216,7 @@ class ClusterSpec:
         def put(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
-        check_name(self.name)
+        check_name(self.name, full=True)
         self._normalize_workers(put)
         if self.cpus_per_worker is not None:
             put("cpus_per_worker", _check_int("cpus_per_worker", self.cpus_per_worker, 1, MAX_CPUS))

@@ -19,11 +19,17 @@ def test_dns_label_names_are_accepted(name: str) -> None:
     assert ClusterSpec(name=name).name == name
 
 
-@given(st.text(min_size=0, max_size=80))
+@given(DNS, DNS)
+def test_a_tenants_full_cluster_name_is_accepted(name: str, tenant: str) -> None:
+    assert ClusterSpec(name=f"{name}.{tenant}").name == f"{name}.{tenant}"
+
+
+@given(st.one_of(st.text(min_size=0, max_size=80), st.sampled_from(["a.", ".a", "a..b", "a.b.c", "a.-b", "A.b"])))
 def test_other_names_are_rejected_naming_the_field(name: str) -> None:
     import re
 
-    if re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", name):
+    label = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+    if re.fullmatch(rf"{label}(\.{label})?", name):
         return
     with pytest.raises(SpecError) as err:
         ClusterSpec(name=name)

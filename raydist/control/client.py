@@ -38,11 +38,11 @@ def default_address() -> str | None:
         return None
 
 
-def _default_token() -> str | None:
+def _default_token(*, from_home: bool = True) -> str | None:
     given = os.environ.get("RAYDIST_TOKEN")
     if given:
         return given
-    return read_private(home() / "control_token")
+    return read_private(home() / "control_token") if from_home else None
 
 
 def _on_this_host(address: str) -> bool:
@@ -87,7 +87,6 @@ class Client:
             )
         self.address = address
         self._pb = pb
-        self._token = token if token is not None else _default_token()
         self.timeout = timeout
         self.retries = retries
         self.retry_s = retry_s
@@ -96,6 +95,9 @@ class Client:
         tls_ca = tls_ca or os.environ.get("RAYDIST_TLS_CA") or None
         tls_cert = tls_cert or os.environ.get("RAYDIST_TLS_CERT") or None
         tls_key = tls_key or os.environ.get("RAYDIST_TLS_KEY") or None
+        # A client certificate can be the caller's identity (a tenant's):
+        # then only a token given on purpose goes with it, not the home's.
+        self._token = token if token is not None else _default_token(from_home=not tls_cert)
         if tls_ca:
             creds = grpc.ssl_channel_credentials(
                 root_certificates=Path(tls_ca).read_bytes(),

@@ -19,6 +19,9 @@ one file, ``raydist.toml``::
     [ray]
     gcs_port = 6379
 
+    [tenants.alice]                 # see raydist.control.tenants
+    token_file = "/etc/raydist/tokens/alice"
+
 The file is named by ``--config`` or ``RAYDIST_CONFIG``; command-line flags
 win over it. Every mistake is a :class:`~raydist.errors.SpecError` naming the
 key as written in the file.
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raydist.control.tenants import TenantConfig
 from raydist.engine.launch import HEAD_PORTS
 from raydist.errors import SpecError
 
@@ -84,6 +88,8 @@ class ServerConfig:
             ``executor`` on a cluster manager (``spark://``, ``k8s://``,
             YARN), ``driver`` on a ``local``/``local-cluster`` master, whose
             executors are the control plane's own children anyway.
+        tenants: who may call besides the control plane's own token, each
+            seeing only its own clusters (:mod:`raydist.control.tenants`).
     """
 
     host: str = "127.0.0.1"
@@ -100,6 +106,7 @@ class ServerConfig:
     head_ports: dict[str, int] = field(default_factory=dict)
     head: str = "auto"
     link_ports: str = ""
+    tenants: tuple[TenantConfig, ...] = ()
 
     def __post_init__(self) -> None:
         if self.head not in HEAD_PLACES:
@@ -149,6 +156,10 @@ class ServerConfig:
         for key, value in self.spark_conf.items():
             if not key.startswith("spark."):
                 raise SpecError(f"spark.conf.{key}", value, "Spark settings start with 'spark.'")
+        for tenant in self.tenants:
+            if tenant.subject and not self.tls_client_ca:
+                raise SpecError(f"tenants.{tenant.name}.subject", tenant.subject,
+                                "a certificate subject needs mTLS: set server.tls_client_ca (and tls_cert, tls_key)")
 
     @classmethod
     def from_toml(cls, text: str, source: str = "config") -> ServerConfig:
@@ -162,9 +173,10 @@ class ServerConfig:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> ServerConfig:
         """Build from the parsed file's tables; unknown keys are errors."""
-        unknown = set(data) - {"server", "spark", "ray"}
+        unknown = set(data) - {"server", "spark", "ray", "tenants"}
         if unknown:
-            raise SpecError(sorted(unknown)[0], data[sorted(unknown)[0]], "tables are [server], [spark] and [ray]")
+            raise SpecError(sorted(unknown)[0], data[sorted(unknown)[0]],
+                            "tables are [server], [spark], [ray] and [tenants]")
         kw: dict[str, Any] = {}
         for key, value in _table(data, "server").items():
             kind = _SERVER_KEYS.get(key)
@@ -197,6 +209,8 @@ class ServerConfig:
             else:
                 ports[_RAY_KEYS[key]] = value
         kw["head_ports"] = ports
+        kw["tenants"] = tuple(TenantConfig.from_mapping(name, table)
+                              for name, table in _table(data, "tenants").items())
         return cls(**kw)
 
     @classmethod

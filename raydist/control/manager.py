@@ -17,6 +17,7 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from raydist.control.store import ClusterRow, Store
+from raydist.control.tenants import owner_of
 from raydist.engine.auth import RayToken
 from raydist.engine.cluster import RayCluster
 from raydist.engine.slot import NodeCounters
@@ -133,17 +134,17 @@ class ClusterManager:
     # reads (from memory) ----------------------------------------------------
 
     def get(self, name: str) -> Any:
-        check_name(name)
+        check_name(name, full=True)
         with self._lock:
             msg = self._cache.get(name)
         if msg is None:
             raise ClusterNotFoundError(name)
         return msg
 
-    def update(self, spec_msg: Any, paths: list[str]) -> Any:
+    def update(self, spec_msg: Any, paths: list[str], who: str = "") -> Any:
         """UpdateCluster (AIP-134): change the fields ``paths`` names (of
         ``_UPDATABLE``) of a running cluster to ``spec_msg``'s values."""
-        name = check_name(spec_msg.name, "spec.name")
+        name = check_name(spec_msg.name, "spec.name", full=True)
         if not paths:
             raise SpecError("update_mask", [], f"name the fields to change: {', '.join(_UPDATABLE)}")
         changes: dict[str, Any] = {}
@@ -167,13 +168,16 @@ class ClusterManager:
             if row is not None:
                 row.spec = engine.spec.to_dict()
                 self._store.put(row)
+                if who:
+                    said = ", ".join(f"{k}={v}" for k, v in changes.items())
+                    self._store.add_event(name, row.state, f"{said}, asked by {who}")
         self._sync(name)
         return self.get(name)
 
     def credentials(self, name: str, who: str) -> Any:
         """How to reach cluster ``name`` (its Ray token included); records
         that ``who`` asked, as an event, never the token."""
-        check_name(name)
+        check_name(name, full=True)
         with self._lock:
             row = self._store.get(name)
             if row is None:
@@ -193,7 +197,7 @@ class ClusterManager:
     def node_logs(self, request: Any) -> Any:
         """GetNodeLogs: one node's log files, read now by its supervisor
         (blocks up to 10 s: run it off the event loop)."""
-        name = check_name(request.name)
+        name = check_name(request.name, full=True)
         if not request.node or len(request.node) > 64:
             raise SpecError("node", request.node[:70], "give the node's index as `raydist status NAME` lists it, "
                                                        "its key (head, w0...) or a prefix of its Ray node id")
@@ -218,21 +222,26 @@ class ClusterManager:
             pb.LogFile(name=f, size=size, offset=request.offset if request.offset else size - len(data), data=data)
             for f, size, data in files])
 
-    def list(self, page_size: int, page_token: str) -> tuple[list[Any], str]:
+    def list(self, page_size: int, page_token: str, visible: Callable[[str], bool] = lambda _name: True,
+             full_name: Callable[[str], str] = lambda name: name) -> tuple[list[Any], str]:
+        """A page of the clusters ``visible`` lets through, by name, after
+        ``page_token`` (the last name of the page before, which
+        ``full_name`` makes the engine's), and the next page's token (""
+        after the last)."""
         if page_size < 0 or page_size > 1000:
             raise SpecError("page_size", page_size, "expected 0 (default 100) to 1000")
         if page_token:
-            check_name(page_token, "page_token")  # tokens are the last name of the page before
+            page_token = check_name(full_name(page_token), "page_token", full=True)
         size = page_size or 100
         with self._lock:
-            names = sorted(n for n in self._cache if n > page_token)
+            names = sorted(n for n in self._cache if n > page_token and visible(n))
             page = [self._cache[n] for n in names[:size]]
         token = names[size - 1] if len(names) > size else ""
         return page, token
 
-    def count(self) -> int:
+    def count(self, visible: Callable[[str], bool] = lambda _name: True) -> int:
         with self._lock:
-            return len(self._cache)
+            return sum(1 for name in self._cache if visible(name))
 
     def states(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -250,9 +259,10 @@ class ClusterManager:
 
     # writes ----------------------------------------------------------------
 
-    def create(self, spec_msg: Any, request_id: str, *, validate_only: bool = False) -> Any:
+    def create(self, spec_msg: Any, request_id: str, *, validate_only: bool = False, who: str = "") -> Any:
         """Create a cluster from its proto; returns it in CREATING at once.
-        ``validate_only``: every check a create makes, nothing created."""
+        ``validate_only``: every check a create makes, nothing created.
+        ``who`` asked (recorded in the cluster's first event)."""
         spec = spec_from_proto(spec_msg)
         if len(request_id) > 128 or not request_id.isascii() or not request_id.isprintable():
             raise SpecError("request_id", request_id[:40], "expected at most 128 printable ASCII characters")
@@ -293,9 +303,10 @@ class ClusterManager:
                 return self._pb.Cluster(spec=spec_to_proto(spec), desired_workers=spec.desired_workers,
                                         message="valid; nothing created (validate_only)")
             row = ClusterRow(name=spec.name, spec=spec.to_dict(), state=State.CREATING.value, message="accepted",
-                             desired_workers=spec.desired_workers, request_id=request_id, restart=restart)
+                             desired_workers=spec.desired_workers, request_id=request_id, restart=restart,
+                             owner=owner_of(spec.name))
             self._store.put(row)
-            self._store.add_event(spec.name, row.state, "accepted")
+            self._store.add_event(spec.name, row.state, f"accepted from {who}" if who else "accepted")
             self._refresh(row)
         threading.Thread(target=self._start, args=(spec, row), name=f"raydist-create-{spec.name}", daemon=True).start()
         return self.get(spec.name)
@@ -337,8 +348,9 @@ class ClusterManager:
             self._store.put(row)
             self._refresh(row)
 
-    def delete(self, name: str, allow_missing: bool) -> Any:
-        check_name(name)
+    def delete(self, name: str, allow_missing: bool, who: str = "") -> Any:
+        """Tear cluster ``name`` down; ``who`` asked (recorded in its events)."""
+        check_name(name, full=True)
         with self._lock:
             row = self._store.get(name)
             if row is None or row.state == State.DELETED.value:
@@ -351,7 +363,7 @@ class ClusterManager:
             row.state = State.DELETING.value
             row.message = "tearing down"
             self._store.put(row)
-            self._store.add_event(name, row.state, row.message)
+            self._store.add_event(name, row.state, f"tearing down, asked by {who}" if who else row.message)
             self._refresh(row)
         if engine is not None:
             engine.down()

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import hashlib
-import hmac
 import json
 import logging
 import os
@@ -19,7 +17,7 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +27,16 @@ from grpc_reflection.v1alpha import reflection
 
 from raydist import __version__
 from raydist._proto import pb, rpc
+from raydist.control.auth import AuthInterceptor
 from raydist.control.config import ServerConfig
 from raydist.control.manager import ClusterManager, _ts
 from raydist.control.status import code_for
 from raydist.control.store import Store
+from raydist.control.tenants import Caller, Tenants, current_caller
 from raydist.engine.slot import START_BUCKETS, NodeCounters
 from raydist.errors import RaydistError
 from raydist.paths import hold_home, home, private_file, read_private
+from raydist.spec import spec_from_proto
 
 __all__ = ["ServerConfig", "serve", "load_or_create_server_token", "SERVER_FILE"]
 
@@ -46,12 +47,27 @@ _TOKEN_FILE = "control_token"
 _TERMINAL = (pb.DELETED, pb.FAILED)
 
 
+#: The descriptor ``raydist serve`` reads ``RAYDIST_TOKEN`` from once it has
+#: started itself again without it (see raydist.cli).
+TOKEN_FD_ENV = "RAYDIST_TOKEN_FD"
+
+
 def load_or_create_server_token() -> str:
     """``RAYDIST_TOKEN``, else the token in ``RAYDIST_HOME`` (made on first start, 0600).
 
     ``RAYDIST_TOKEN`` leaves this process's environment here, before Spark
     or any Ray node starts: nothing the control plane starts inherits it.
+    ``raydist serve`` goes further: it starts itself again with the token on
+    a pipe (``RAYDIST_TOKEN_FD``), so that not even this process's
+    ``/proc/<pid>/environ`` holds it.
     """
+    fd = os.environ.pop(TOKEN_FD_ENV, None)
+    if fd is not None and fd.isdigit():
+        with os.fdopen(int(fd), "rb") as pipe:
+            handed = pipe.read().decode().strip()
+        if handed:
+            os.environ.pop("RAYDIST_TOKEN", None)
+            return handed
     given = os.environ.pop("RAYDIST_TOKEN", None)
     if given:
         return given
@@ -62,46 +78,6 @@ def load_or_create_server_token() -> str:
     token = secrets.token_urlsafe(32)
     private_file(path, token + "\n")
     return token
-
-
-class _AuthInterceptor(grpc.aio.ServerInterceptor):
-    """Every RPC but health checks needs ``authorization: Bearer <token>``."""
-
-    def __init__(self, token: str, metrics: Any) -> None:
-        # Only a digest is kept: what is needed to check a token, not to use it.
-        self._digest = hashlib.sha256(f"Bearer {token}".encode()).digest()
-        self._metrics = metrics
-
-    async def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        method = details.method
-        if method.startswith("/grpc.health.v1.Health/"):
-            return await continuation(details)
-        given = b""
-        for key, value in details.invocation_metadata or ():
-            if key == "authorization":
-                given = value.encode() if isinstance(value, str) else value
-        if not hmac.compare_digest(hashlib.sha256(given).digest(), self._digest):
-            # The method name comes from the caller: only names the server
-            # serves become metric labels (else anyone could grow the registry).
-            self._metrics.count(method if method in _KNOWN_METHODS else "unknown", "UNAUTHENTICATED")
-            log.warning("refused %s: %s bearer token", method, "wrong" if given else "no")
-
-            async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
-
-            handler = await continuation(details)
-            if handler is not None and handler.response_streaming:
-
-                async def deny_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
-                    yield  # pragma: no cover
-
-                return grpc.unary_stream_rpc_method_handler(deny_stream)
-            return grpc.unary_unary_rpc_method_handler(deny)
-        return await continuation(details)
 
 
 #: Full method names this server serves (metric labels are limited to them).
@@ -187,20 +163,28 @@ class _Metrics:
 
 
 class ClusterService(rpc.ClusterServiceServicer):
+    """The API. Each RPC acts as its caller (:mod:`raydist.control.tenants`):
+    names in requests are the caller's, turned into the engine's full names
+    here, and every answer names clusters as the caller does."""
+
     def __init__(self, manager: ClusterManager, metrics: _Metrics, changed: asyncio.Condition) -> None:
         self.m = manager
         self.metrics = metrics
         self.changed = changed
 
     async def _call(self, name: str, context: grpc.aio.ServicerContext, fn: Callable[[], Any],
-                    blocking: bool = False) -> Any:
+                    blocking: bool = False, full_name: str = "") -> Any:
         start = time.perf_counter()
         code = "OK"
+        caller = current_caller()
         try:
             return await asyncio.to_thread(fn) if blocking else fn()
         except RaydistError as exc:
             code = code_for(exc).name
-            await context.abort(code_for(exc), str(exc))
+            message = str(exc)
+            if full_name and not caller.admin:  # the cluster as the caller names it
+                message = message.replace(full_name, caller.shown(full_name))
+            await context.abort(code_for(exc), message)
         except Exception:
             code = "INTERNAL"
             log.exception("%s failed", name)
@@ -209,53 +193,121 @@ class ClusterService(rpc.ClusterServiceServicer):
             self.metrics.count(name, code)
             self.metrics.observe(name, time.perf_counter() - start)
 
+    @staticmethod
+    def _full(caller: Caller, name: str, field: str = "name") -> str:
+        """The engine's name of the cluster ``caller`` calls ``name`` ("" for a
+        name it could not have: the RPC then fails naming ``field``)."""
+        try:
+            return caller.scoped(name, field)
+        except RaydistError:
+            return ""
+
+    @staticmethod
+    def _as_seen(caller: Caller, cluster: Any) -> Any:
+        """``cluster`` as ``caller`` names it."""
+        if caller.admin:
+            return cluster
+        seen = pb.Cluster()
+        seen.CopyFrom(cluster)
+        seen.spec.name = caller.shown(cluster.spec.name)
+        return seen
+
     async def CreateCluster(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        return await self._call("CreateCluster", context,
-                                lambda: self.m.create(request.spec, request.request_id,
-                                                      validate_only=request.validate_only),
-                                blocking=True)
+        caller = current_caller()
+        full = self._full(caller, request.spec.name)
+
+        def create() -> Any:
+            spec_from_proto(request.spec)  # the spec's own checks first, in their order
+            spec = pb.ClusterSpec()
+            spec.CopyFrom(request.spec)
+            spec.name = caller.scoped(request.spec.name)
+            return self._as_seen(caller, self.m.create(spec, request.request_id, validate_only=request.validate_only,
+                                                       who=caller.describe()))
+
+        return await self._call("CreateCluster", context, create, blocking=True, full_name=full)
 
     async def GetCluster(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        return await self._call("GetCluster", context, lambda: self.m.get(request.name))
+        caller = current_caller()
+        full = self._full(caller, request.name)
+        return await self._call("GetCluster", context,
+                                lambda: self._as_seen(caller, self.m.get(caller.scoped(request.name))), full_name=full)
 
     async def ListClusters(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        caller = current_caller()
+
         def run() -> Any:
-            clusters, token = self.m.list(request.page_size, request.page_token)
-            return pb.ListClustersResponse(clusters=clusters, next_page_token=token)
+            clusters, token = self.m.list(request.page_size, request.page_token, visible=caller.sees,
+                                          full_name=lambda name: caller.scoped(name, "page_token"))
+            return pb.ListClustersResponse(clusters=[self._as_seen(caller, c) for c in clusters],
+                                           next_page_token=caller.shown(token) if token else "")
 
         return await self._call("ListClusters", context, run)
 
     async def DeleteCluster(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        return await self._call("DeleteCluster", context,
-                                lambda: self.m.delete(request.name, request.allow_missing), blocking=True)
+        caller = current_caller()
+        full = self._full(caller, request.name)
+        return await self._call("DeleteCluster", context, lambda: self._as_seen(caller, self.m.delete(
+            caller.scoped(request.name), request.allow_missing, who=caller.describe())), blocking=True, full_name=full)
 
     async def UpdateCluster(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        return await self._call("UpdateCluster", context,
-                                lambda: self.m.update(request.spec, list(request.update_mask.paths)), blocking=True)
+        caller = current_caller()
+        full = self._full(caller, request.spec.name, "spec.name")
+
+        def update() -> Any:
+            spec = pb.ClusterSpec()
+            spec.CopyFrom(request.spec)
+            spec.name = caller.scoped(request.spec.name, "spec.name")
+            return self._as_seen(caller, self.m.update(spec, list(request.update_mask.paths), who=caller.describe()))
+
+        return await self._call("UpdateCluster", context, update, blocking=True, full_name=full)
 
     async def GetClusterCredentials(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        return await self._call("GetClusterCredentials", context,
-                                lambda: self.m.credentials(request.name, context.peer()))
+        caller = current_caller()
+        full = self._full(caller, request.name)
+
+        def credentials() -> Any:
+            found = self.m.credentials(caller.scoped(request.name), f"{caller.describe()} at {context.peer()}")
+            found.name = caller.shown(found.name)
+            return found
+
+        return await self._call("GetClusterCredentials", context, credentials, full_name=full)
 
     async def GetNodeLogs(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        return await self._call("GetNodeLogs", context, lambda: self.m.node_logs(request), blocking=True)
+        caller = current_caller()
+        full = self._full(caller, request.name)
+
+        def logs() -> Any:
+            asked = pb.GetNodeLogsRequest()
+            asked.CopyFrom(request)
+            asked.name = caller.scoped(request.name)
+            found = self.m.node_logs(asked)
+            found.name = caller.shown(found.name)
+            return found
+
+        return await self._call("GetNodeLogs", context, logs, blocking=True, full_name=full)
 
     async def GetServerInfo(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        caller = current_caller()
+
         def info() -> Any:
             master, ui = self.m.spark_info()
-            return pb.ServerInfo(version=__version__, spark_master=master, spark_ui_url=ui, clusters=self.m.count())
+            return pb.ServerInfo(version=__version__, spark_master=master, spark_ui_url=ui,
+                                 clusters=self.m.count(visible=caller.sees))
 
         return await self._call("GetServerInfo", context, info)
 
     async def WatchCluster(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        caller = current_caller()
+        full = self._full(caller, request.name)
         try:
-            current = self.m.get(request.name)
+            current = self._as_seen(caller, self.m.get(caller.scoped(request.name)))
         except RaydistError as exc:
             self.metrics.count("WatchCluster", code_for(exc).name)
-            await context.abort(code_for(exc), str(exc))
+            message = str(exc).replace(full, request.name) if full and not caller.admin else str(exc)
+            await context.abort(code_for(exc), message)
             return
         self.metrics.count("WatchCluster", "OK")
-        events = await asyncio.to_thread(self.m.events_after, request.name, 0)
+        events = await asyncio.to_thread(self.m.events_after, full, 0)
         last = events[-1][0] if events else 0
         if request.history and events:
             for _, when, state, message in events:
@@ -272,10 +324,10 @@ class ClusterService(rpc.ClusterServiceServicer):
                     await asyncio.wait_for(self.changed.wait(), timeout=1.0)
                 except TimeoutError:
                     pass
-            new = await asyncio.to_thread(self.m.events_after, request.name, last)
+            new = await asyncio.to_thread(self.m.events_after, full, last)
             if not new:
                 continue
-            cluster = self.m.get(request.name)
+            cluster = self._as_seen(caller, self.m.get(full))
             for event_id, when, state, message in new:
                 last = event_id
                 yield pb.ClusterEvent(name=request.name, state=pb.State.Value(state), message=message,
@@ -325,7 +377,10 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
                              head_ports=config.head_ports, head_in_task=config.heads_in_tasks(),
                              link_ports=config.link_port_range())
     metrics = _Metrics(manager.states, manager.node_counters)
-    auth = _AuthInterceptor(load_or_create_server_token(), metrics)  # before Spark starts (see there)
+    # Before Spark starts (see load_or_create_server_token).
+    tenants = Tenants(load_or_create_server_token(), config.tenants)
+    auth = AuthInterceptor(tenants, lambda method, code: metrics.count(
+        method if method in _KNOWN_METHODS else "unknown", code))
 
     # Spark starts in the background (it takes seconds): reads, deletes and
     # health answer at once; a create waits for it off the event loop. A

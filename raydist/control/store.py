@@ -36,7 +36,8 @@ CREATE TABLE IF NOT EXISTS clusters (
     request_id TEXT NOT NULL DEFAULT '',
     restart INTEGER NOT NULL DEFAULT 0,
     created REAL NOT NULL,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    owner TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -64,6 +65,8 @@ class ClusterRow:
     restart: bool = False
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
+    #: The tenant the cluster belongs to ("": the control plane's admin).
+    owner: str = ""
 
 
 class Store:
@@ -78,6 +81,9 @@ class Store:
         self._local = threading.local()
         with self._db() as db:
             db.executescript(_SCHEMA)
+            columns = {r["name"] for r in db.execute("PRAGMA table_info(clusters)")}
+            if "owner" not in columns:  # a state.db from before tenants: its clusters are the admin's
+                db.execute("ALTER TABLE clusters ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -101,10 +107,12 @@ class Store:
         row.updated = time.time()
         with self._db() as db:
             db.execute(
-                "INSERT OR REPLACE INTO clusters VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT OR REPLACE INTO clusters (name, spec, state, message, ready_workers, desired_workers, "
+                "address, client_address, dashboard_url, request_id, restart, created, updated, owner) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (row.name, json.dumps(row.spec), row.state, row.message, row.ready_workers, row.desired_workers,
                  row.address, row.client_address, row.dashboard_url, row.request_id, int(row.restart),
-                 row.created, row.updated),
+                 row.created, row.updated, row.owner),
             )
 
     def get(self, name: str) -> ClusterRow | None:

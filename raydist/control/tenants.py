@@ -1,0 +1,194 @@
+"""Who calls the control plane, and which clusters that caller may see.
+
+A deployment names its tenants in ``raydist.toml``::
+
+    [tenants.alice]
+    token_file = "/etc/raydist/tokens/alice"   # the tenant's bearer token (a 0600 file)
+
+    [tenants.team-b]
+    subject = "CN=team-b,O=Example"            # or: the subject of its mTLS client certificate
+
+    [tenants.ops]
+    token_file = "/etc/raydist/tokens/ops"
+    admin = true                               # sees and controls every cluster
+
+The control plane's own token (``RAYDIST_TOKEN`` or ``RAYDIST_HOME/
+control_token``) is always an admin's. With no ``[tenants]`` it is the only
+identity, as before.
+
+Each tenant has a namespace of its own: the cluster ``x`` of ``alice`` is
+``x.alice`` to the engine, the store and an admin, and plain ``x`` to alice.
+A tenant naming a cluster reaches only its own: another tenant's cluster of
+the same name is not there for it (NOT_FOUND, never PERMISSION_DENIED, so
+that nobody learns what another tenant runs), and two tenants can both have
+an ``x``. Only a digest of each token is kept in memory.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import hmac
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from raydist.errors import SpecError
+from raydist.spec import check_name
+
+__all__ = ["Caller", "Tenants", "TenantConfig", "ADMIN", "current_caller", "calling_as", "owner_of"]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An authenticated caller: a tenant's name ("" for the control plane's
+    own token) and whether it may act on every cluster."""
+
+    name: str
+    admin: bool
+
+    def describe(self) -> str:
+        """How events name the caller (a name, never a token)."""
+        return f"tenant {self.name}" if self.name else "the control plane's admin token"
+
+    def scoped(self, name: str, field: str = "name") -> str:
+        """The engine's name of what this caller calls ``name``; SpecError
+        naming ``field`` for a name it could not have."""
+        if self.admin:
+            base, _, tenant = name.partition(".")
+            check_name(base, field)
+            if tenant:
+                check_name(tenant, field)
+            return name
+        return f"{check_name(name, field)}.{self.name}"
+
+    def sees(self, engine_name: str) -> bool:
+        """Whether this caller may see the cluster the engine calls ``engine_name``."""
+        return self.admin or engine_name.endswith(f".{self.name}")
+
+    def shown(self, engine_name: str) -> str:
+        """``engine_name`` as this caller names it."""
+        if self.admin:
+            return engine_name
+        return engine_name.removesuffix(f".{self.name}")
+
+
+def owner_of(engine_name: str) -> str:
+    """The tenant that owns the cluster the engine calls ``engine_name`` ("": an admin's)."""
+    return engine_name.partition(".")[2]
+
+
+#: The control plane's own token.
+ADMIN = Caller("", admin=True)
+
+_caller: contextvars.ContextVar[Caller] = contextvars.ContextVar("raydist_caller", default=ADMIN)
+
+
+def current_caller() -> Caller:
+    """The caller of the RPC this code serves (set by the server's auth)."""
+    return _caller.get()
+
+
+def calling_as(caller: Caller) -> contextvars.Token[Caller]:
+    """Make ``caller`` the current one in this context (the server's auth)."""
+    return _caller.set(caller)
+
+
+@dataclass(frozen=True)
+class TenantConfig:
+    """One ``[tenants.NAME]`` table."""
+
+    name: str
+    token_file: str = ""
+    subject: str = ""
+    admin: bool = False
+
+    @classmethod
+    def from_mapping(cls, name: str, table: Any) -> TenantConfig:
+        where = f"tenants.{name}"
+        try:
+            check_name(name, where)
+        except SpecError:
+            raise SpecError(where, name, "a tenant name is a DNS label (lower-case letters, digits, '-')") from None
+        if len(name) > 30:
+            raise SpecError(where, name, "a tenant name of at most 30 characters")
+        if not isinstance(table, Mapping):
+            raise SpecError(where, table, "a table with token_file, subject and admin")
+        allowed = {"token_file": str, "subject": str, "admin": bool}
+        for key, value in table.items():
+            kind = allowed.get(key)
+            if kind is None:
+                raise SpecError(f"{where}.{key}", value, "keys are token_file, subject and admin")
+            if not isinstance(value, kind):
+                raise SpecError(f"{where}.{key}", value, "true or false" if kind is bool else "a string")
+        tenant = cls(name, str(table.get("token_file", "")), str(table.get("subject", "")),
+                     bool(table.get("admin", False)))
+        if not tenant.token_file and not tenant.subject:
+            raise SpecError(where, dict(table), "give token_file (a bearer token) or subject (an mTLS certificate's)")
+        return tenant
+
+
+def _read_token(tenant: TenantConfig) -> str:
+    """A tenant's token from its file, which only this user may read."""
+    where = f"tenants.{tenant.name}.token_file"
+    try:
+        info = os.stat(tenant.token_file)
+        text = Path(tenant.token_file).read_text()
+    except OSError as exc:
+        raise SpecError(where, tenant.token_file, f"a readable file holding the tenant's token ({exc.strerror})") \
+            from None
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise SpecError(where, tenant.token_file, f"a file only its owner can read: chmod 600 {tenant.token_file}")
+    token = text.strip()
+    if len(token) < 16 or any(c.isspace() for c in token):
+        raise SpecError(where, tenant.token_file, "a token of at least 16 characters, without spaces")
+    return token
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(f"Bearer {token}".encode()).digest()
+
+
+class Tenants:
+    """The identities a control plane accepts: its own token (an admin) and
+    each configured tenant's token or certificate subject."""
+
+    def __init__(self, admin_token: str, tenants: tuple[TenantConfig, ...] = ()) -> None:
+        self._by_digest: list[tuple[bytes, Caller]] = [(_digest(admin_token), ADMIN)]
+        self._by_subject: dict[str, Caller] = {}
+        for tenant in tenants:
+            caller = Caller(tenant.name, tenant.admin)
+            if tenant.token_file:
+                digest = _digest(_read_token(tenant))
+                for known, other in self._by_digest:
+                    if hmac.compare_digest(known, digest):
+                        clash = f"tenant {other.name}" if other.name else "the control plane's own token"
+                        raise SpecError(f"tenants.{tenant.name}.token_file", tenant.token_file,
+                                        f"a token of its own ({clash} has this one)")
+                self._by_digest.append((digest, caller))
+            if tenant.subject:
+                if tenant.subject in self._by_subject:
+                    raise SpecError(f"tenants.{tenant.name}.subject", tenant.subject,
+                                    f"a subject of its own (tenant {self._by_subject[tenant.subject].name} has it)")
+                self._by_subject[tenant.subject] = caller
+
+    @property
+    def uses_subjects(self) -> bool:
+        return bool(self._by_subject)
+
+    def by_bearer(self, authorization: bytes) -> Caller | None:
+        """The caller an ``authorization`` header names, or None. Every
+        known digest is compared, in constant time each."""
+        given = hashlib.sha256(authorization).digest()
+        found = None
+        for digest, caller in self._by_digest:
+            if hmac.compare_digest(given, digest):
+                found = caller
+        return found
+
+    def by_subject(self, subject: str) -> Caller | None:
+        """The tenant whose mTLS client certificate has ``subject``, or None."""
+        return self._by_subject.get(subject) if subject else None
