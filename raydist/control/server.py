@@ -266,7 +266,8 @@ class ClusterService(rpc.ClusterServiceServicer):
         full = self._full(caller, request.name)
 
         def credentials() -> Any:
-            found = self.m.credentials(caller.scoped(request.name), f"{caller.describe()} at {context.peer()}")
+            # The peer first: a line cut at a terminal's width keeps where the call came from.
+            found = self.m.credentials(caller.scoped(request.name), f"{context.peer()} ({caller.describe()})")
             found.name = caller.shown(found.name)
             return found
 

@@ -52,7 +52,7 @@ class Caller:
 
     def describe(self) -> str:
         """How events name the caller (a name, never a token)."""
-        return f"tenant {self.name}" if self.name else "the control plane's admin token"
+        return f"tenant {self.name}" if self.name else "admin"
 
     def scoped(self, name: str, field: str = "name") -> str:
         """The engine's name of what this caller calls ``name``; SpecError
