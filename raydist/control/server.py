@@ -173,18 +173,16 @@ class ClusterService(rpc.ClusterServiceServicer):
         self.changed = changed
 
     async def _call(self, name: str, context: grpc.aio.ServicerContext, fn: Callable[[], Any],
-                    blocking: bool = False, full_name: str = "") -> Any:
+                    blocking: bool = False, cluster: str = "") -> Any:
+        """Run ``fn`` as the RPC ``name``; ``cluster``: the cluster the request
+        names, as its caller names it (for the error's message)."""
         start = time.perf_counter()
         code = "OK"
-        caller = current_caller()
         try:
             return await asyncio.to_thread(fn) if blocking else fn()
         except RaydistError as exc:
             code = code_for(exc).name
-            message = str(exc)
-            if full_name and not caller.admin:  # the cluster as the caller names it
-                message = message.replace(full_name, caller.shown(full_name))
-            await context.abort(code_for(exc), message)
+            await context.abort(code_for(exc), self._said(exc, cluster))
         except Exception:
             code = "INTERNAL"
             log.exception("%s failed", name)
@@ -194,13 +192,17 @@ class ClusterService(rpc.ClusterServiceServicer):
             self.metrics.observe(name, time.perf_counter() - start)
 
     @staticmethod
-    def _full(caller: Caller, name: str, field: str = "name") -> str:
-        """The engine's name of the cluster ``caller`` calls ``name`` ("" for a
-        name it could not have: the RPC then fails naming ``field``)."""
+    def _said(exc: RaydistError, cluster: str) -> str:
+        """``exc``'s message naming ``cluster`` as the current caller does
+        (the engine's messages use its full name)."""
+        caller = current_caller()
+        if not cluster or caller.admin:
+            return str(exc)
         try:
-            return caller.scoped(name, field)
+            full = caller.scoped(cluster)
         except RaydistError:
-            return ""
+            return str(exc)  # a name it could not have: no full name to hide
+        return str(exc).replace(full, cluster)
 
     @staticmethod
     def _as_seen(caller: Caller, cluster: Any) -> Any:
@@ -214,7 +216,6 @@ class ClusterService(rpc.ClusterServiceServicer):
 
     async def CreateCluster(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         caller = current_caller()
-        full = self._full(caller, request.spec.name)
 
         def create() -> Any:
             spec_from_proto(request.spec)  # the spec's own checks first, in their order
@@ -224,13 +225,13 @@ class ClusterService(rpc.ClusterServiceServicer):
             return self._as_seen(caller, self.m.create(spec, request.request_id, validate_only=request.validate_only,
                                                        who=caller.describe()))
 
-        return await self._call("CreateCluster", context, create, blocking=True, full_name=full)
+        return await self._call("CreateCluster", context, create, blocking=True, cluster=request.spec.name)
 
     async def GetCluster(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         caller = current_caller()
-        full = self._full(caller, request.name)
         return await self._call("GetCluster", context,
-                                lambda: self._as_seen(caller, self.m.get(caller.scoped(request.name))), full_name=full)
+                                lambda: self._as_seen(caller, self.m.get(caller.scoped(request.name))),
+                                cluster=request.name)
 
     async def ListClusters(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         caller = current_caller()
@@ -245,13 +246,12 @@ class ClusterService(rpc.ClusterServiceServicer):
 
     async def DeleteCluster(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         caller = current_caller()
-        full = self._full(caller, request.name)
         return await self._call("DeleteCluster", context, lambda: self._as_seen(caller, self.m.delete(
-            caller.scoped(request.name), request.allow_missing, who=caller.describe())), blocking=True, full_name=full)
+            caller.scoped(request.name), request.allow_missing, who=caller.describe())), blocking=True,
+            cluster=request.name)
 
     async def UpdateCluster(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         caller = current_caller()
-        full = self._full(caller, request.spec.name, "spec.name")
 
         def update() -> Any:
             spec = pb.ClusterSpec()
@@ -259,11 +259,10 @@ class ClusterService(rpc.ClusterServiceServicer):
             spec.name = caller.scoped(request.spec.name, "spec.name")
             return self._as_seen(caller, self.m.update(spec, list(request.update_mask.paths), who=caller.describe()))
 
-        return await self._call("UpdateCluster", context, update, blocking=True, full_name=full)
+        return await self._call("UpdateCluster", context, update, blocking=True, cluster=request.spec.name)
 
     async def GetClusterCredentials(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         caller = current_caller()
-        full = self._full(caller, request.name)
 
         def credentials() -> Any:
             # The peer first: a line cut at a terminal's width keeps where the call came from.
@@ -271,11 +270,10 @@ class ClusterService(rpc.ClusterServiceServicer):
             found.name = caller.shown(found.name)
             return found
 
-        return await self._call("GetClusterCredentials", context, credentials, full_name=full)
+        return await self._call("GetClusterCredentials", context, credentials, cluster=request.name)
 
     async def GetNodeLogs(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         caller = current_caller()
-        full = self._full(caller, request.name)
 
         def logs() -> Any:
             asked = pb.GetNodeLogsRequest()
@@ -285,7 +283,7 @@ class ClusterService(rpc.ClusterServiceServicer):
             found.name = caller.shown(found.name)
             return found
 
-        return await self._call("GetNodeLogs", context, logs, blocking=True, full_name=full)
+        return await self._call("GetNodeLogs", context, logs, blocking=True, cluster=request.name)
 
     async def GetServerInfo(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         caller = current_caller()
@@ -299,13 +297,12 @@ class ClusterService(rpc.ClusterServiceServicer):
 
     async def WatchCluster(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         caller = current_caller()
-        full = self._full(caller, request.name)
         try:
-            current = self._as_seen(caller, self.m.get(caller.scoped(request.name)))
+            full = caller.scoped(request.name)
+            current = self._as_seen(caller, self.m.get(full))
         except RaydistError as exc:
             self.metrics.count("WatchCluster", code_for(exc).name)
-            message = str(exc).replace(full, request.name) if full and not caller.admin else str(exc)
-            await context.abort(code_for(exc), message)
+            await context.abort(code_for(exc), self._said(exc, request.name))
             return
         self.metrics.count("WatchCluster", "OK")
         events = await asyncio.to_thread(self.m.events_after, full, 0)
