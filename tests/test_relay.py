@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from raydist.engine.channel import NodeChannel
+from raydist.engine.linkauth import NodeKeys, relay_key, relay_proof
 from raydist.engine.relay import LinkRelay, RelayDialer
 from raydist.engine.wire import encode
 from tests.test_supervisor import Recorder, _descendants, _living, _start_at
@@ -22,11 +23,11 @@ from tests.test_supervisor import Recorder, _descendants, _living, _start_at
 @pytest.fixture
 def relayed() -> Iterator[tuple[NodeChannel, LinkRelay, RelayDialer, Recorder, str]]:
     rec = Recorder()
-    secret = os.urandom(8).hex()
-    ch = NodeChannel("127.0.0.1", secret, rec)
-    relay = LinkRelay("127.0.0.1", secret)
-    dialer = RelayDialer(("127.0.0.1", relay.port), secret, ch.adopt)
-    yield ch, relay, dialer, rec, secret
+    keys = NodeKeys()
+    ch = NodeChannel("127.0.0.1", keys, rec)
+    relay = LinkRelay("127.0.0.1", relay_key(keys.issue("head")))
+    dialer = RelayDialer(("127.0.0.1", relay.port), relay_key(keys.issue("head")), ch.adopt)
+    yield ch, relay, dialer, rec, keys.issue("w0")
     dialer.close()
     ch.close()
     relay.close()
@@ -50,13 +51,13 @@ def test_a_node_links_through_the_relay_and_stops_on_the_drivers_word(relayed) -
 
 def test_a_node_that_links_before_the_driver_dials_in_waits_for_it() -> None:
     rec = Recorder()
-    secret = os.urandom(8).hex()
-    ch = NodeChannel("127.0.0.1", secret, rec)
-    relay = LinkRelay("127.0.0.1", secret)
-    sup = _start_at(("127.0.0.1", relay.port), secret, [])
+    keys = NodeKeys()
+    ch = NodeChannel("127.0.0.1", keys, rec)
+    relay = LinkRelay("127.0.0.1", relay_key(keys.issue("head")))
+    sup = _start_at(("127.0.0.1", relay.port), keys.issue("w0"), [])
     try:
         time.sleep(1.5)  # the supervisor says hello to a relay nobody has dialled yet
-        dialer = RelayDialer(("127.0.0.1", relay.port), secret, ch.adopt)
+        dialer = RelayDialer(("127.0.0.1", relay.port), relay_key(keys.issue("head")), ch.adopt)
         assert rec.wait("started"), rec.events
         ch.stop_all()
         assert sup.wait(timeout=15) == 0
@@ -99,16 +100,35 @@ def test_when_the_relay_is_gone_the_node_goes_at_once(relayed) -> None:
             os.killpg(sup.pid, 9)
 
 
-def test_the_relay_admits_no_driver_without_the_clusters_secret() -> None:
-    relay = LinkRelay("127.0.0.1", "the-secret")
+def _read_all(sock: socket.socket) -> bytes:
+    heard = b""
+    while chunk := sock.recv(4096):
+        heard += chunk
+    return heard
+
+
+def test_the_relay_admits_no_driver_without_the_relays_key() -> None:
+    key = relay_key(NodeKeys().issue("head"))
+    relay = LinkRelay("127.0.0.1", key)
     try:
         stranger = socket.create_connection(("127.0.0.1", relay.port), timeout=5)
-        stranger.sendall(encode({"type": "relay-control", "secret": "a-guess"}))
-        assert stranger.recv(100) == b""  # closed, and no dial ever reaches it
+        stranger.sendall(encode({"type": "relay-control"}))
+        challenge = json.loads(stranger.recv(4096))
+        assert challenge["type"] == "challenge"
+        stranger.sendall(encode({"type": "proof", "proof": relay_proof("a-guess", "relay-control",
+                                                                        challenge["nonce"])}))
+        assert _read_all(stranger) == b""  # closed, and no dial ever reaches it
+        # A proof recorded from the real driver's control connection opens no other: each has its nonce.
+        replay = socket.create_connection(("127.0.0.1", relay.port), timeout=5)
+        replay.sendall(encode({"type": "relay-control"}))
+        json.loads(replay.recv(4096))
+        replay.sendall(encode({"type": "proof", "proof": relay_proof(key, "relay-control", challenge["nonce"])}))
+        assert _read_all(replay) == b""
         node = socket.create_connection(("127.0.0.1", relay.port), timeout=5)
         node.sendall(encode({"type": "hello", "key": "w0"}))
         pair = socket.create_connection(("127.0.0.1", relay.port), timeout=5)
-        pair.sendall(encode({"type": "relay-pair", "id": "0" * 16, "secret": "a-guess"}))
+        guess = relay_proof("a-guess", "relay-pair", "0" * 16)
+        pair.sendall(encode({"type": "relay-pair", "id": "0" * 16, "proof": guess}))
         assert pair.recv(100) == b""
         node.settimeout(8)
         assert node.recv(100) == b""  # nobody dialled its pair: dropped after the wait

@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from raydist.engine.channel import _MAX_PENDING, NodeChannel, NodeLink
+from raydist.engine.linkauth import NodeKeys, say_hello
 
 TREE = (
     "(sleep 300 &) ; "  # an orphaned grandchild, reparented to the subreaper
@@ -90,9 +91,9 @@ def _descendants(pid: int) -> list[psutil.Process]:
 @pytest.fixture
 def channel() -> tuple[NodeChannel, Recorder, str]:
     rec = Recorder()
-    secret = os.urandom(8).hex()
-    ch = NodeChannel("127.0.0.1", secret, rec)
-    yield ch, rec, secret
+    keys = NodeKeys()
+    ch = NodeChannel("127.0.0.1", keys, rec)
+    yield ch, rec, keys.issue("w0")
     ch.close()
 
 
@@ -134,9 +135,9 @@ def test_lost_driver_link_kills_the_tree(channel) -> None:
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
-def test_wrong_secret_is_refused(channel) -> None:
+def test_a_wrong_node_key_is_refused(channel) -> None:
     ch, rec, _ = channel
-    sup = _start(ch, "not-the-secret", [])
+    sup = _start(ch, NodeKeys().issue("w0"), [])  # w0's key, but of another cluster
     sup.wait(timeout=15)
     assert ("hello", "w0") not in rec.events
 
@@ -198,10 +199,10 @@ def _living(tree: list[psutil.Process]) -> list[psutil.Process]:
 def short_link() -> tuple[NodeChannel, Recorder, str, Proxy]:
     """A channel with short link timers (silence 1.5 s, grace 8 s) behind a proxy."""
     rec = Recorder()
-    secret = os.urandom(8).hex()
-    ch = NodeChannel("127.0.0.1", secret, rec, idle_s=1.5, grace_s=8)
+    keys = NodeKeys()
+    ch = NodeChannel("127.0.0.1", keys, rec, idle_s=1.5, grace_s=8)
     proxy = Proxy((ch.host, ch.port))
-    yield ch, rec, secret, proxy
+    yield ch, rec, keys.issue("w0"), proxy
     proxy.close()
     ch.close()
 
@@ -236,8 +237,9 @@ def test_a_hello_lost_in_a_blip_is_retried_not_taken_for_a_refusal() -> None:
     # blip swallowed before the supervisor's own timer fires: that close is not
     # a "no", and the node must survive it (seen once in CI as a lost node).
     rec = Recorder()
-    secret = os.urandom(8).hex()
-    ch = NodeChannel("127.0.0.1", secret, rec, idle_s=1.5, grace_s=10, handshake_s=1.0)
+    keys = NodeKeys()
+    secret = keys.issue("w0")
+    ch = NodeChannel("127.0.0.1", keys, rec, idle_s=1.5, grace_s=10, handshake_s=1.0)
     proxy = Proxy((ch.host, ch.port))
     sup = _start_at(("127.0.0.1", proxy.port), secret, [], idle_s=1.5, heartbeat_s=0.3, grace_s=10)
     try:
@@ -297,8 +299,9 @@ def test_a_sigkilled_supervisor_leaves_no_process_and_no_temp_dir(channel, tmp_p
 
 def test_strangers_cost_no_thread_and_cannot_block_the_channel() -> None:
     rec = Recorder()
-    secret = os.urandom(8).hex()
-    ch = NodeChannel("127.0.0.1", secret, rec, handshake_s=1.0)
+    keys = NodeKeys()
+    secret = keys.issue("w0")
+    ch = NodeChannel("127.0.0.1", keys, rec, handshake_s=1.0)
     threads_before = threading.active_count()
     strangers = [socket.create_connection((ch.host, ch.port)) for _ in range(100)]
     sup = None
@@ -308,7 +311,7 @@ def test_strangers_cost_no_thread_and_cannot_block_the_channel() -> None:
                 if i % 3 == 0:
                     s.sendall(b"x" * 10_000)  # an endless first line
                 elif i % 3 == 1:
-                    s.sendall(b'{"type": "hello", "secret": "guess", "key": "w0"}\n')
+                    s.sendall(b'{"type": "hello", "key": "w0", "nonce": "' + b"0" * 32 + b'"}\n')  # no proof follows
                 # the rest say nothing at all
             except OSError:
                 pass  # the channel may have dropped it already, mid-send
@@ -325,7 +328,8 @@ def test_strangers_cost_no_thread_and_cannot_block_the_channel() -> None:
                     heard += chunk
             except ConnectionResetError:
                 pass
-            assert heard in (b"", b'{"type":"refused"}\n')  # a wrong secret is told no, then dropped
+            # Each is dropped: a stranger with no proof hears a challenge, then nothing.
+            assert heard == b"" or heard.startswith(b'{"type":"challenge"')
         assert ("hello", "w0") in rec.events and len([e for e in rec.events if e[0] == "hello"]) == 1
     finally:
         for s in strangers:
@@ -335,16 +339,17 @@ def test_strangers_cost_no_thread_and_cannot_block_the_channel() -> None:
             sup.wait(timeout=15)
 
 
-def test_a_key_the_cluster_never_issues_is_refused_even_with_the_secret(channel) -> None:
+def test_a_key_the_cluster_never_issues_is_refused(channel) -> None:
     # A node's key names its log directory at teardown: "../../x" must never get that far.
     ch, rec, secret = channel
     sup = _start_at((ch.host, ch.port), secret, [], key="../../x")
     sup.wait(timeout=15)
     assert not [e for e in rec.events if e[0] == "hello"]
-    with socket.create_connection((ch.host, ch.port)) as s:
-        s.sendall(json.dumps({"type": "hello", "secret": secret, "key": "w0/../../x"}).encode() + b"\n")
-        s.settimeout(5)
-        assert s.recv(4096) == b'{"type":"refused"}\n'
+    for key in ("w0/../../x", "w7"):  # a path, and a well-formed key this cluster never issued
+        with socket.create_connection((ch.host, ch.port)) as s:
+            s.sendall(json.dumps({"type": "hello", "key": key, "nonce": "0" * 32}).encode() + b"\n")
+            s.settimeout(5)
+            assert s.recv(4096) == b'{"type":"refused"}\n'
     assert not [e for e in rec.events if e[0] == "hello"]
 
 
@@ -353,8 +358,9 @@ def test_a_flood_of_strangers_from_another_host_cannot_push_out_a_slow_hello() -
     # real node on 127.0.0.1 takes a second to say hello. It must be heard
     # (before, each new stranger pushed the oldest waiting hello out).
     rec = Recorder()
-    secret = os.urandom(8).hex()
-    ch = NodeChannel("127.0.0.1", secret, rec, handshake_s=3.0)
+    keys = NodeKeys()
+    secret = keys.issue("w0")
+    ch = NodeChannel("127.0.0.1", keys, rec, handshake_s=3.0)
     stop = threading.Event()
     made = [0]
 
@@ -383,8 +389,7 @@ def test_a_flood_of_strangers_from_another_host_cannot_push_out_a_slow_hello() -
             before = made[0]
             time.sleep(1.0)  # a slow hello, while the flood goes on
             during = made[0] - before
-            hello = {"type": "hello", "secret": secret, "key": "w0", "host": "h", "pid": 1, "incarnation": "i"}
-            real.sendall(json.dumps(hello).encode() + b"\n")
+            say_hello(real, "w0", secret, host="h", pid=1, incarnation="i", resume=False)
             heard = rec.wait("hello", timeout=5)
         assert during > _MAX_PENDING  # more strangers came meanwhile than the channel holds waiting
         assert heard
@@ -402,13 +407,13 @@ def test_channels_listen_within_the_link_ports_and_say_when_they_are_all_taken()
     while low > 65000 or 10002 <= low <= 19999:
         low = free_port("127.0.0.1")
     rec = Recorder()
-    first = NodeChannel("127.0.0.1", "s", rec, ports=(low, low + 1))
+    first = NodeChannel("127.0.0.1", NodeKeys(), rec, ports=(low, low + 1))
     try:
-        second = NodeChannel("127.0.0.1", "s", rec, ports=(low, low + 1))
+        second = NodeChannel("127.0.0.1", NodeKeys(), rec, ports=(low, low + 1))
         try:
             assert {first.port, second.port} == {low, low + 1}
             with pytest.raises(LinkPortsInUseError, match=f"server.link_ports \\({low}-{low + 1}\\)"):
-                NodeChannel("127.0.0.1", "s", rec, ports=(low, low + 1))
+                NodeChannel("127.0.0.1", NodeKeys(), rec, ports=(low, low + 1))
         finally:
             second.close()
     finally:
@@ -417,11 +422,11 @@ def test_channels_listen_within_the_link_ports_and_say_when_they_are_all_taken()
 
 def test_an_endless_line_from_a_node_breaks_only_its_link() -> None:
     rec = Recorder()
-    secret = os.urandom(8).hex()
-    ch = NodeChannel("127.0.0.1", secret, rec, grace_s=0.5)
+    keys = NodeKeys()
+    ch = NodeChannel("127.0.0.1", keys, rec, grace_s=0.5)
     try:
         s = socket.create_connection((ch.host, ch.port))
-        s.sendall(json.dumps({"type": "hello", "secret": secret, "key": "w0", "incarnation": "a"}).encode() + b"\n")
+        say_hello(s, "w0", keys.issue("w0"), incarnation="a")
         assert rec.wait("hello")
         s.sendall(b'{"type": "log", "line": "' + b"y" * 200_000)
         assert rec.wait("closed", timeout=10)

@@ -4,9 +4,10 @@ Every Ray node of a cluster (the head on the driver, each worker in a Spark
 task) runs under a supervisor process that holds one TCP connection to this
 channel on the driver. The connection is the cluster's nervous system:
 
-* a supervisor says ``hello`` (with the cluster's secret) and gets
-  ``welcome``, streams the output of ``ray start``, says ``started`` once its
-  node is up, and ``stopped`` once every process of its node is gone;
+* a supervisor says ``hello`` and the two ends prove its node key to each
+  other (:mod:`raydist.engine.linkauth`); it gets ``welcome``, streams the
+  output of ``ray start``, says ``started`` once its node is up, and
+  ``stopped`` once every process of its node is gone;
 * the driver says ``stop`` to tear a node down at once, without waiting for
   Spark to kill the task;
 * both ends hear from each other every few seconds (``ping``/``pong``). When
@@ -15,15 +16,14 @@ channel on the driver. The connection is the cluster's nervous system:
   does each side count the other gone: the driver marks the node lost, the
   supervisor kills its node (the driver died, so nothing may be left running).
 
-Framing and bounds are in :mod:`raydist.engine.wire`. The secret is compared
-in constant time and never logged.
+Framing and bounds are in :mod:`raydist.engine.wire`. No secret crosses the
+link; proofs are compared in constant time and never logged.
 """
 
 from __future__ import annotations
 
 import base64
 import errno
-import hmac
 import json
 import logging
 import re
@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from raydist.engine.linkauth import NodeKeys, driver_proof, fresh_nonce, node_proof, proven
 from raydist.engine.nodelogs import NODE_BYTES, LogFile
 from raydist.engine.wire import (
     HANDSHAKE_S,
@@ -55,7 +56,7 @@ __all__ = ["NodeChannel", "NodeLink", "send", "LOG_TAIL_LINES"]
 log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 40
-#: Longest hello accepted from a connection that has not authenticated yet.
+#: Longest hello (or proof) accepted from a connection that has not authenticated yet.
 _HELLO_MAX = 4096
 #: Connections allowed to be saying hello at once; one more is closed at
 #: once (a supervisor tries again), so strangers cannot push out a node
@@ -69,6 +70,20 @@ _MAX_PENDING_PER_SOURCE = 8
 #: The node keys a cluster issues (launch.HEAD_KEY and slot.WorkerSlot's
 #: ``wN``): a peer's key names a directory when its logs are kept.
 _NODE_KEY = re.compile(r"(head|w[0-9]{1,9})\Z")
+_NONCE = re.compile(r"[0-9a-f]{32}\Z")
+
+
+@dataclass
+class _Pending:
+    """A connection in its handshake: read bytes, its deadline, and once it
+    said hello, the hello, the node's secret and the challenge's nonce."""
+
+    buf: bytearray
+    deadline: float
+    source: str | None
+    hello: dict[str, Any] | None = None
+    node_secret: str = ""
+    nonce: str = ""
 
 
 def _listen(host: str, ports: tuple[int, int] | None) -> socket.socket:
@@ -157,9 +172,9 @@ Listener = Callable[[str, NodeLink], None]
 class NodeChannel:
     """Driver-side server that every supervisor of one cluster connects to.
 
-    One thread reads every connection's hello (non-blocking, at most
-    ``_HELLO_MAX`` bytes within ``handshake_s``); only a connection that
-    proves the cluster's secret gets a thread of its own. A link that breaks
+    One thread runs every connection's handshake (non-blocking, at most
+    ``_HELLO_MAX`` bytes a line, all within ``handshake_s``); only a
+    connection that proves a node key ``keys`` issued gets a thread of its own. A link that breaks
     without its node saying ``stopped`` is reported ``closed`` only if the
     supervisor does not resume it within ``grace_s``. It listens on a free
     port, or on the first free one of ``ports`` (low, high: a range a
@@ -169,7 +184,7 @@ class NodeChannel:
     def __init__(
         self,
         host: str,
-        secret: str,
+        keys: NodeKeys,
         listener: Listener,
         *,
         grace_s: float = RECONNECT_GRACE_S,
@@ -177,7 +192,7 @@ class NodeChannel:
         handshake_s: float = HANDSHAKE_S,
         ports: tuple[int, int] | None = None,
     ) -> None:
-        self._secret = secret.encode()
+        self._keys = keys
         self._listener = listener
         self._grace_s = grace_s
         self._idle_s = idle_s
@@ -247,26 +262,27 @@ class NodeChannel:
         sel = selectors.DefaultSelector()
         sel.register(self._server, selectors.EVENT_READ)
         sel.register(self._wake_r, selectors.EVENT_READ)
-        pending: dict[socket.socket, tuple[bytearray, float]] = {}
-        sources: dict[socket.socket, str] = {}  # where each accepted (not adopted) pending connection came from
+        pending: dict[socket.socket, _Pending] = {}
+
+        def forget(conn: socket.socket) -> None:
+            pending.pop(conn, None)
+            sel.unregister(conn)
 
         def drop(conn: socket.socket) -> None:
-            pending.pop(conn, None)
-            sources.pop(conn, None)
-            sel.unregister(conn)
+            forget(conn)
             conn.close()
 
         def room_for(source: str | None) -> bool:
             if len(pending) >= _MAX_PENDING:
                 return False
-            return source is None or sum(1 for s in sources.values() if s == source) < _MAX_PENDING_PER_SOURCE
+            return source is None or sum(1 for p in pending.values() if p.source == source) < _MAX_PENDING_PER_SOURCE
 
         try:
             while not self._closing:
                 now = time.monotonic()
-                for conn in [c for c, (_, deadline) in pending.items() if deadline <= now]:
+                for conn in [c for c, p in pending.items() if p.deadline <= now]:
                     drop(conn)
-                timeout = min((d for _, d in pending.values()), default=now + 1.0) - now
+                timeout = min((p.deadline for p in pending.values()), default=now + 1.0) - now
                 for key, _ in sel.select(max(0.0, timeout)):
                     sock = key.fileobj
                     if self._closing:
@@ -297,36 +313,36 @@ class NodeChannel:
                             conn.close()  # full: refused, not one saying hello pushed out
                             continue
                         conn.setblocking(False)
-                        pending[conn] = (bytearray(), time.monotonic() + self._handshake_s)
-                        if source is not None:
-                            sources[conn] = source
+                        pending[conn] = _Pending(bytearray(), time.monotonic() + self._handshake_s, source)
                         sel.register(conn, selectors.EVENT_READ)
                     if sock is self._wake_r or sock is self._server:
                         continue
                     assert isinstance(sock, socket.socket)
-                    if sock not in pending:
+                    state = pending.get(sock)
+                    if state is None:
                         continue  # dropped earlier in this round
-                    buf, _ = pending[sock]
                     try:
                         chunk = sock.recv(_HELLO_MAX)
                     except BlockingIOError:
                         continue
                     except OSError:
                         chunk = b""
-                    buf += chunk
-                    end = buf.find(b"\n")
-                    if not chunk or (end < 0 and len(buf) > _HELLO_MAX) or end > _HELLO_MAX:
+                    state.buf += chunk
+                    end = state.buf.find(b"\n")
+                    if not chunk or (end < 0 and len(state.buf) > _HELLO_MAX) or end > _HELLO_MAX:
                         drop(sock)
                         continue
-                    if end >= 0:
-                        pending.pop(sock)
-                        sources.pop(sock, None)
-                        sel.unregister(sock)
-                        try:
-                            self._admit(sock, bytes(buf[:end]), bytes(buf[end + 1:]))
-                        except Exception:  # noqa: BLE001 - one bad connection must not stop the handshakes
-                            log.exception("node connection failed at its hello")
-                            sock.close()
+                    if end < 0:
+                        continue
+                    line, state.buf = bytes(state.buf[:end]), state.buf[end + 1:]
+                    try:
+                        done = self._step(sock, state, line)
+                    except Exception:  # noqa: BLE001 - one bad connection must not stop the handshakes
+                        log.exception("node connection failed in its handshake")
+                        done = True
+                        sock.close()
+                    if done:
+                        forget(sock)
         finally:
             for conn in list(pending):
                 drop(conn)
@@ -339,29 +355,49 @@ class NodeChannel:
                 except OSError:
                     pass
 
-    def _admit(self, conn: socket.socket, first: bytes, rest: bytes) -> None:
+    def _step(self, conn: socket.socket, state: _Pending, line: bytes) -> bool:
+        """Take one line of ``conn``'s handshake: a hello (answered with the
+        challenge) or the proof (answered with a welcome, and the link then
+        has a thread of its own). True when the handshake is over, either way."""
         try:
-            hello = json.loads(first)
+            msg = json.loads(line)
         except ValueError:
-            hello = None
-        given = str(hello.get("secret", "")).encode() if isinstance(hello, dict) else b""
-        if not isinstance(hello, dict) or hello.get("type") != "hello" or not hmac.compare_digest(given, self._secret):
-            why = "without the cluster's secret"
-        elif not _NODE_KEY.match(str(hello.get("key", ""))):
-            why = "with a node key the cluster never issues"
-        else:
-            why = ""
-        if why:
-            log.warning("refused a node connection %s", why)
+            msg = None
+        if not isinstance(msg, dict):
+            return self._refuse(conn, "that did not speak the link's protocol")
+        if state.hello is None:
+            key = str(msg.get("key", ""))
+            node_secret = self._keys.secret_of(key) if _NODE_KEY.match(key) else None
+            if msg.get("type") != "hello" or not _NONCE.match(str(msg.get("nonce", ""))):
+                return self._refuse(conn, "that did not say hello")
+            if node_secret is None:
+                return self._refuse(conn, "with a node key the cluster never issued")
+            state.hello, state.node_secret, state.nonce = msg, node_secret, fresh_nonce()
+            challenge = {"type": "challenge", "nonce": state.nonce,
+                         "proof": driver_proof(node_secret, msg, state.nonce)}
             try:
-                conn.sendall(encode({"type": "refused"}))
+                conn.send(encode(challenge))  # a few hundred bytes into an empty socket buffer
             except OSError:
-                pass
-            conn.close()
-            return
+                conn.close()
+                return True
+            return False
+        if msg.get("type") != "proof" or not proven(node_proof(state.node_secret, state.hello, state.nonce),
+                                                     msg.get("proof")):
+            return self._refuse(conn, f"that could not prove node key {state.hello.get('key')}")
         conn.setblocking(True)
-        threading.Thread(target=self._serve, args=(conn, hello, rest), daemon=True,
-                         name=f"raydist-channel-{hello.get('key')}").start()
+        threading.Thread(target=self._serve, args=(conn, state.hello, bytes(state.buf)), daemon=True,
+                         name=f"raydist-channel-{state.hello.get('key')}").start()
+        return True
+
+    @staticmethod
+    def _refuse(conn: socket.socket, why: str) -> bool:
+        log.warning("refused a node connection %s", why)
+        try:
+            conn.send(encode({"type": "refused"}))
+        except OSError:
+            pass
+        conn.close()
+        return True
 
     # internals: one thread per authenticated link -----------------------------
 

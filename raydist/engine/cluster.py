@@ -31,6 +31,7 @@ from raydist.engine.channel import NodeChannel, NodeLink
 from raydist.engine.connection import process_ray
 from raydist.engine.head import Head
 from raydist.engine.launch import HEAD_KEY, HEAD_PORTS, node_plans, route_ip
+from raydist.engine.linkauth import NodeKeys, relay_key
 from raydist.engine.outbox import Outbox
 from raydist.engine.ports import gcs_host, preferred_or_free_port
 from raydist.engine.procs import wait_processes_gone
@@ -102,7 +103,7 @@ class RayCluster:
         self._uid = secrets.token_hex(4)
         self._group = f"raydist-{spec.name}-{self._uid}"
         self._temp_root = os.path.join("/tmp", f"raydist-{self._uid}")
-        self._link_secret = secrets.token_hex(16)
+        self._link_keys = NodeKeys()  # the link's secret: it stays in this process
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._stopping = threading.Event()
@@ -115,7 +116,8 @@ class RayCluster:
         # An elastic cluster starts min_workers nodes and follows Ray's demand (engine/scaler.py).
         self._pool = WorkerPool(spec.required_workers if elastic(spec) else spec.desired_workers)
         self._jobs = WorkerJobs(spark, group=self._group, cluster=spec.name, temp_root=self._temp_root,
-                                stopping=self._stopping, on_lost=self._on_worker_lost, record=self._record)
+                                stopping=self._stopping, on_lost=self._on_worker_lost, record=self._record,
+                                issue=self._link_keys.issue)
         self._scaler = Scaler(self._pool, start=self._jobs.start, cancel=self._jobs.cancel, record=self._record)
         self._cpus = 0  # CPUs per worker node, once launched
         # A Connect client may be a laptop the executors cannot reach: its
@@ -392,7 +394,7 @@ class RayCluster:
         driver_ip = route_ip(side_of(self._spark).driver_host())
         # Behind a relay nothing dials this process: its channel listens on
         # loopback only and adopts the connections it dials out.
-        self._channel = NodeChannel("127.0.0.1" if self._head.relay else driver_ip, self._link_secret,
+        self._channel = NodeChannel("127.0.0.1" if self._head.relay else driver_ip, self._link_keys,
                                     self._on_link, ports=None if self._head.relay else self._link_ports)
         if self._head.in_task:
             head_ip, ports = "", dict(self._head_ports)  # the head's task picks its host's ports
@@ -403,7 +405,7 @@ class RayCluster:
             self._set_addresses(head_ip, ports)
         head, self._jobs.plan = node_plans(
             spec, cap, cpus, head_ip=head_ip, ports=ports, channel=(driver_ip, self._channel.port),
-            link_secret=self._link_secret, secret_env=self._token.env(), temp_dir=self._temp_root,
+            head_secret=self._link_keys.issue(HEAD_KEY), secret_env=self._token.env(), temp_dir=self._temp_root,
         )
         self._record("submitting the head's Spark task" if self._head.in_task else f"starting head at {self.address}")
         self._head.start(dataclasses.replace(head, relay=self._head.relay), spark=self._spark, group=self._group,
@@ -433,7 +435,7 @@ class RayCluster:
         assert self._jobs.plan is not None
         self._jobs.plan = dataclasses.replace(self._jobs.plan, channel=(host, int(port)), gcs_address=gcs)
         assert self._channel is not None
-        self._dialer = RelayDialer((host, int(port)), self._link_secret, self._channel.adopt)
+        self._dialer = RelayDialer((host, int(port)), relay_key(self._link_keys.issue(HEAD_KEY)), self._channel.adopt)
         self._record(f"node links through the head's relay at {address}")
 
     def _set_addresses(self, head_ip: str, ports: Mapping[str, int]) -> None:

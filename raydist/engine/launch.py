@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from raydist.engine.linkauth import relay_key
 from raydist.engine.ports import preferred_or_free_port
 from raydist.engine.reaper import KILL_GRACE_S
 from raydist.engine.relay import LinkRelay
@@ -51,7 +52,8 @@ HEAD_PORTS = ("gcs", "dashboard", "client")
 class NodePlan:
     """Everything a supervisor needs to run one node; pickled into Spark tasks.
 
-    ``secret_env`` holds the Ray token and the link secret; the repr hides it.
+    ``link_secret`` is this node's own link key (:mod:`raydist.engine.linkauth`),
+    never the cluster's; ``secret_env`` holds the Ray token. The repr hides both.
     """
 
     cluster: str
@@ -91,12 +93,13 @@ def node_plans(
     head_ip: str,
     ports: Mapping[str, int],
     channel: tuple[str, int],
-    link_secret: str,
+    head_secret: str,
     secret_env: Mapping[str, str],
     temp_dir: str,
 ) -> tuple[NodePlan, NodePlan]:
-    """The head's plan and the plan every worker's is made from (its key and
-    temp dir filled in per worker), for ``spec`` on Spark of ``cap`` with
+    """The head's plan (with the head's link key, ``head_secret``) and the
+    plan every worker's is made from (its key, link key and temp dir filled
+    in per worker), for ``spec`` on Spark of ``cap`` with
     ``cpus`` per worker node. With ``head_ip`` empty the head runs in a Spark
     task: ``ports`` are only preferences it tries on its host, and workers
     learn its address over the link."""
@@ -105,7 +108,6 @@ def node_plans(
     common: dict[str, Any] = dict(
         cluster=spec.name,
         channel=channel,
-        link_secret=link_secret,
         secret_env=dict(secret_env),
         gcs_address=f"{head_ip}:{ports['gcs']}" if head_ip else HEAD_FROM_LINK,
         nodes_on_host=busiest * per_exec + 1,
@@ -116,6 +118,7 @@ def node_plans(
     )
     head = NodePlan(
         key=HEAD_KEY,
+        link_secret=head_secret,
         head=True,
         cpus=spec.head_cpus,
         gpus=spec.head_gpus,
@@ -130,6 +133,7 @@ def node_plans(
     )
     worker = NodePlan(
         key="",
+        link_secret="",
         cpus=cpus,
         gpus=spec.gpus_per_worker,
         memory=spec.memory_per_worker,  # type: ignore[arg-type]
@@ -317,7 +321,7 @@ def run_head_node(plan: NodePlan, announce: Callable[[str], None] | None = None)
     plan = replace(plan, head_ports=ports, node_ip=node_ip)
     if not plan.relay:
         return _run_in_task(plan)
-    relay = LinkRelay(node_ip, plan.link_secret)
+    relay = LinkRelay(node_ip, relay_key(plan.link_secret))
     try:
         # The head starts before the announcement: `ray start --head` runs
         # while the driver learns where the relay is and links the node.

@@ -13,9 +13,12 @@ channel, and the driver reaches the relay only by dialling out
   the two byte streams; the driver's :class:`~raydist.engine.channel.NodeChannel`
   adopts the pair connection as if it had accepted the supervisor itself.
 
-The link protocol (hello, heartbeats, resume, stop) passes through unchanged
-and is still checked at the driver; the relay checks only that control and
-pair connections carry the cluster's secret. An end that closes its side is
+The link protocol (the handshake, heartbeats, resume, stop) passes through
+unchanged and is checked end to end by the driver and each supervisor; the
+relay checks only that control and pair connections come from the driver:
+the control connection answers a fresh challenge, and a pair connection
+proves its one-time id, each with a MAC under the relay's key
+(:func:`raydist.engine.linkauth.relay_key`, derived from the head's key). An end that closes its side is
 passed on as a close, an end that breaks as a reset, so the driver and the
 supervisor each read the other's end exactly as on a direct link (a close:
 gone; a reset or silence: wait for a resume).
@@ -23,7 +26,6 @@ gone; a reset or silence: wait for a resume).
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import secrets
@@ -33,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from raydist.engine.linkauth import fresh_nonce, proven, relay_proof
 from raydist.engine.wire import HANDSHAKE_S, HEARTBEAT_S, IDLE_S, LineReader, LinkBroken, enable_keepalive, encode
 
 __all__ = ["LinkRelay", "RelayDialer"]
@@ -55,11 +58,11 @@ def _reset(sock: socket.socket) -> None:
     sock.close()
 
 
-def _first_line(sock: socket.socket, timeout: float) -> tuple[bytes, bytes] | None:
+def _first_line(sock: socket.socket, timeout: float, said: bytes = b"") -> tuple[bytes, bytes] | None:
     """The first line a new connection says within ``timeout`` (and what it
-    sent past it), or None."""
+    sent past it), or None. ``said``: bytes already read from it."""
     deadline = time.monotonic() + timeout
-    buf = bytearray()
+    buf = bytearray(said)
     while (end := buf.find(b"\n")) < 0:
         left = deadline - time.monotonic()
         if left <= 0 or len(buf) > _FIRST_MAX:
@@ -146,7 +149,7 @@ class LinkRelay:
     driver's dial-outs (see the module docstring). ``close()`` ends it."""
 
     def __init__(self, host: str, secret: str, *, wait_s: float = HANDSHAKE_S) -> None:
-        self._secret = secret.encode()
+        self._secret = secret  # the relay's key (linkauth.relay_key)
         self._wait_s = wait_s
         self._server = socket.create_server((host, 0), backlog=64)
         self._server.settimeout(0.5)
@@ -207,10 +210,16 @@ class LinkRelay:
 
     def _greet(self, conn: socket.socket) -> None:
         try:
-            said = _first_line(conn, self._wait_s)
+            self._take(conn)
         finally:
             with self._lock:
                 self._greeting -= 1
+
+    def _take(self, conn: socket.socket) -> None:
+        """Read a new connection's first line and give it its place: the
+        driver's control or pair connection once it proves the relay's key,
+        else a supervisor waiting for its pair."""
+        said = _first_line(conn, self._wait_s)
         if said is None or self._closed.is_set():
             conn.close()
             return
@@ -222,8 +231,8 @@ class LinkRelay:
         kind = msg.get("type") if isinstance(msg, dict) else None
         if kind in ("relay-control", "relay-pair"):
             assert isinstance(msg, dict)
-            if not hmac.compare_digest(str(msg.get("secret", "")).encode(), self._secret):
-                log.warning("relay: refused a driver connection without the cluster's secret")
+            if not self._from_driver(conn, kind, msg, rest):
+                log.warning("relay: refused a connection that could not prove the relay's key")
                 conn.close()
                 return
             enable_keepalive(conn)
@@ -232,12 +241,29 @@ class LinkRelay:
             else:
                 self._pair(str(msg.get("id", "")), conn)
             return
-        # A supervisor (its hello is checked by the driver): wait for a pair.
+        # A supervisor (the driver checks its handshake): wait for a pair.
         enable_keepalive(conn)
         link_id = secrets.token_hex(8)
         with self._lock:
             self._waiting[link_id] = (conn, first + b"\n" + rest, time.monotonic() + self._wait_s)
         self._tell({"type": "dial", "id": link_id})
+
+    def _from_driver(self, conn: socket.socket, kind: str, msg: dict[str, object], rest: bytes) -> bool:
+        """Whether a driver's connection proves the relay's key: a pair over
+        its one-time id, the control connection over a fresh challenge."""
+        if kind == "relay-pair":
+            return proven(relay_proof(self._secret, kind, str(msg.get("id", ""))), msg.get("proof"))
+        nonce = fresh_nonce()
+        try:
+            conn.sendall(encode({"type": "challenge", "nonce": nonce}))
+        except OSError:
+            return False
+        said = _first_line(conn, self._wait_s, rest)
+        try:
+            answer = json.loads(said[0]) if said is not None else None
+        except ValueError:
+            answer = None
+        return isinstance(answer, dict) and proven(relay_proof(self._secret, kind, nonce), answer.get("proof"))
 
     def _set_control(self, conn: socket.socket) -> None:
         with self._lock:
@@ -358,8 +384,14 @@ class RelayDialer:
     def _serve(self, sock: socket.socket) -> None:
         enable_keepalive(sock)
         # Only this thread writes here (each pair is a connection of its own).
-        sock.sendall(encode({"type": "relay-control", "secret": self._secret}))
-        reader = LineReader(sock, idle_s=IDLE_S)
+        sock.sendall(encode({"type": "relay-control"}))
+        reader = LineReader(sock, idle_s=HANDSHAKE_S)
+        challenge = reader.read()
+        if challenge.get("type") != "challenge":
+            raise LinkBroken("the relay sent no challenge")
+        proof = relay_proof(self._secret, "relay-control", str(challenge.get("nonce", "")))
+        sock.sendall(encode({"type": "proof", "proof": proof}))
+        reader = LineReader(sock, idle_s=IDLE_S, initial=reader.rest())
         last_ping = time.monotonic()
         while not self._closed.is_set():
             msg = reader.read()
@@ -377,7 +409,8 @@ class RelayDialer:
             log.debug("relay %s: pair %s: %s", self.address, link_id, exc)
             return  # the supervisor's wait runs out, and it tries again
         try:
-            conn.sendall(encode({"type": "relay-pair", "id": link_id, "secret": self._secret}))
+            proof = relay_proof(self._secret, "relay-pair", link_id)
+            conn.sendall(encode({"type": "relay-pair", "id": link_id, "proof": proof}))
         except OSError:
             conn.close()
             return

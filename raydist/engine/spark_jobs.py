@@ -28,10 +28,12 @@ log = logging.getLogger(__name__)
 
 class WorkerJobs:
     """Runs worker slots' Spark jobs for one cluster. ``plan`` (the workers'
-    plan) and ``profile`` (their ResourceProfile, or None) are set at launch."""
+    plan) and ``profile`` (their ResourceProfile, or None) are set at launch;
+    ``issue`` gives each slot's node its own link key."""
 
     def __init__(self, spark: Any, *, group: str, cluster: str, temp_root: str, stopping: threading.Event,
-                 on_lost: Callable[[WorkerSlot, str], bool], record: Callable[[str], None]) -> None:
+                 on_lost: Callable[[WorkerSlot, str], bool], record: Callable[[str], None],
+                 issue: Callable[[str], str]) -> None:
         self._side = side_of(spark)
         self._group = group
         self._cluster = cluster
@@ -39,6 +41,7 @@ class WorkerJobs:
         self._stopping = stopping
         self._on_lost = on_lost
         self._record = record
+        self._issue = issue
         self.plan: NodePlan | None = None
         self.profile: Any = None
 
@@ -81,7 +84,8 @@ class WorkerJobs:
 
     def _run(self, slot: WorkerSlot) -> None:
         assert self.plan is not None
-        plan = dataclasses.replace(self.plan, key=slot.key, temp_dir=self.temp_dir(slot))
+        plan = dataclasses.replace(self.plan, key=slot.key, link_secret=self._issue(slot.key),
+                                   temp_dir=self.temp_dir(slot))
         self._side.run_tasks(functools.partial(run_worker_node, plan), group=self._group, tag=self._tag(slot),
                              profile=self.profile,
                              description=f"raydist cluster {self._cluster}: Ray worker {slot.key}")

@@ -43,6 +43,7 @@ from typing import Any
 import psutil
 
 from raydist.engine.channel import LOG_TAIL_LINES
+from raydist.engine.linkauth import say_hello
 from raydist.engine.nodelogs import NODE_BYTES, chunks, read_logs
 from raydist.engine.ports import free_port, wait_for_port
 from raydist.engine.reaper import (
@@ -63,7 +64,6 @@ from raydist.engine.wire import (
     RECONNECT_GRACE_S,
     LineReader,
     LinkBroken,
-    LinkClosed,
     LinkRefused,
     enable_keepalive,
     encode,
@@ -133,24 +133,10 @@ class Supervisor:
         sock = socket.create_connection((host, int(port)), timeout=HANDSHAKE_S)
         try:
             enable_keepalive(sock)
-            hello = {"type": "hello", "secret": self.cfg["secret"], "key": self.cfg["key"],
-                     "host": socket.gethostname(), "pid": os.getpid(), "incarnation": self.incarnation,
-                     "resume": resume}
-            sock.sendall(encode(hello))
-            reader = LineReader(sock, idle_s=HANDSHAKE_S)
-            try:
-                welcome = reader.read()
-            except LinkClosed as exc:
-                # Not a refusal: the driver's handshake timer may have fired
-                # on a hello that a blip swallowed.
-                raise LinkBroken("the driver closed the link during the handshake") from exc
-            if welcome.get("type") == "refused":
-                raise LinkRefused("the driver refused this node's hello")
-            if welcome.get("type") != "welcome":
-                raise LinkBroken("the driver did not welcome this node")
-            reader = LineReader(sock, idle_s=self.idle_s)
+            _, rest = say_hello(sock, self.cfg["key"], self.cfg["secret"], host=socket.gethostname(),
+                                pid=os.getpid(), incarnation=self.incarnation, resume=resume)
             sock.settimeout(self.idle_s)  # a send to a silent peer fails too, instead of hanging
-            return sock, reader
+            return sock, LineReader(sock, idle_s=self.idle_s, initial=rest)
         except BaseException:
             sock.close()
             raise
@@ -162,7 +148,7 @@ class Supervisor:
                 sock, reader = self._open(resume=False)
                 break
             except LinkRefused:
-                raise  # a wrong secret does not get better with retries
+                raise  # a wrong key does not get better with retries
             except (OSError, LinkBroken):
                 if time.monotonic() > deadline:
                     raise

@@ -129,3 +129,7 @@ class LineReader:
             if not chunk:
                 raise LinkClosed("closed by the peer")
             self._buf += chunk
+
+    def rest(self) -> bytes:
+        """What was read past the last message (for a reader that takes over)."""
+        return bytes(self._buf)
