@@ -16,13 +16,19 @@ Starts `raydist serve` (its own RAYDIST_HOME, an embedded local-cluster) and for
   DELETED/FAILED row whose Ray processes still run, is a contradiction; one that
   lasts more than 10 s is a lying state.
 
+The readers and the churn are tenant ``alice``; all the while, the attackers
+of benchmarks/hostile.py (tenant ``mallory``, strangers at the node-link
+ports, an eavesdropper replaying a handshake, senders to a data agent) try
+to reach what is not theirs.
+
 At the end every cluster is deleted, the server stopped, and the store checked
 against every cluster ever created (a cluster missing from it is lost) and the
 host against Ray processes left (orphans). Last line:
 
   faults=<n> lost_clusters=<n> lying_states=<n> orphans=<n> read_errors=<n> p99_ms=<reads under chaos>
+  hostile=<attempts> breaches=<n>
 
-Target: faults >= 10, all the others 0.
+Target: faults >= 10, hostile >= 1000, all the others 0.
 
 Run: .venv/bin/python benchmarks/chaos.py [--seconds 60] [--clients 64] [--seed 1]
 """
@@ -46,6 +52,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.hostile import Hostile  # noqa: E402
 from raydist.control.client import Client  # noqa: E402
 from raydist.engine.ports import free_port  # noqa: E402
 from raydist.engine.procs import ray_processes  # noqa: E402
@@ -79,7 +86,7 @@ class Server:
         info.unlink(missing_ok=True)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "raydist.cli", "serve", "--port", str(self.port), "--spark-master", self.master,
-             "--metrics-port", "-1"],
+             "--metrics-port", "-1", "--config", str(self.home / "raydist.toml")],
             env=self.env, stdout=self.log, stderr=self.log, start_new_session=True, cwd=ROOT,
         )
         deadline = time.monotonic() + 60
@@ -95,6 +102,12 @@ class Server:
 
     def token(self) -> str:
         return (self.home / "control_token").read_text().strip()
+
+    def tenant_token(self, name: str) -> str:
+        return (self.home / f"{name}.token").read_text().strip()
+
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
 
     def stop(self) -> int:
         assert self.proc is not None
@@ -164,8 +177,10 @@ class Chaos:
         self.restarting = threading.Event()
         self.round: list[str] = []
 
-    def client(self) -> Client:
-        return Client(self.server.address, token=self.server.token(), timeout=10, retry_s=60)
+    def client(self, *, admin: bool = False) -> Client:
+        """Tenant alice's client (the readers', the churn's); ``admin``: the server's own token."""
+        token = self.server.token() if admin else self.server.tenant_token("alice")
+        return Client(self.server.address, token=token, timeout=10, retry_s=60)
 
     # -- readers -------------------------------------------------------------
 
@@ -262,17 +277,25 @@ class Chaos:
         return f"{kind} {victim.pid} SIGKILLed"
 
     def faults_loop(self) -> None:
-        while not self.stop.wait(self.rng.uniform(0.8, 1.2) * self.args.fault_every):
+        # On a cadence: a fault that takes seconds (a server restart, a slow
+        # process walk on a loaded host) does not push every later one back.
+        due = time.monotonic()
+        while True:
+            due += self.rng.uniform(0.8, 1.2) * self.args.fault_every
+            if self.stop.wait(max(0.0, due - time.monotonic())):
+                break
             what = self.fault()
             if what:
                 with self.lock:
                     self.faults.append(what)
                 print(f"  fault {len(self.faults)}: {what}", flush=True)
+            else:
+                print("  no fault: nothing to hit now", flush=True)
 
     # -- the truth -----------------------------------------------------------
 
     def monitor(self) -> None:
-        client = self.client()
+        client = self.client(admin=True)
         since: dict[tuple[str, str], float] = {}
         counted: set[tuple[str, str]] = set()
         while not self.stop.wait(1.0):
@@ -322,6 +345,13 @@ def main() -> int:
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     before = {p.pid for p in ray_processes()}
     home = Path(tempfile.mkdtemp(prefix="raydist-chaos-"))
+    config = []
+    for name in ("alice", "mallory"):
+        token = home / f"{name}.token"
+        token.write_text(f"{name}-{os.urandom(16).hex()}\n")
+        token.chmod(0o600)
+        config += [f"[tenants.{name}]", f'token_file = "{token}"']
+    (home / "raydist.toml").write_text("\n".join(config) + "\n")
     server = Server(home, free_port(), args.master)
     server.start()
     chaos = Chaos(server, args)
@@ -337,6 +367,9 @@ def main() -> int:
     threads += [threading.Thread(target=chaos.churn, args=(k,), daemon=True) for k in range(CHURN_LOOPS)]
     threads += [threading.Thread(target=chaos.monitor, daemon=True), threading.Thread(target=chaos.faults_loop,
                                                                                       daemon=True)]
+    hostile = Hostile(server.address, server.tenant_token("mallory"), "alice", lambda: list(chaos.names),
+                      server.pid, chaos.stop, args.seed)
+    threads += hostile.threads()
     for t in threads:
         t.start()
     time.sleep(args.seconds)
@@ -344,11 +377,11 @@ def main() -> int:
     for t in threads:
         t.join(timeout=120)
 
-    # Every cluster deleted, then the store against what was ever created.
-    client = chaos.client()
+    # Every cluster deleted, then the store against what was ever created (alice's, by her names).
+    client = chaos.client(admin=True)
     for row in client.list():
         client.delete(row.spec.name, allow_missing=True)
-    rows = {row.spec.name: row for row in client.list()}
+    rows = {row.spec.name.removesuffix(".alice"): row for row in client.list()}
     lost = sorted(chaos.created - set(rows))
     from raydist._proto import pb
 
@@ -373,8 +406,12 @@ def main() -> int:
         print(f"  read error: {err}")
     for name in lost:
         print(f"  lost: {name}")
+    print(f"attempts by attacker: {dict(sorted(hostile.attempts.items()))}")
+    for breach in hostile.breaches[:5]:
+        print(f"  breach: {breach}")
     print(f"faults={len(chaos.faults)} lost_clusters={len(lost)} lying_states={len(chaos.lies)} "
-          f"orphans={len(orphans)} read_errors={len(chaos.read_errors)} p99_ms={p99:.1f}")
+          f"orphans={len(orphans)} read_errors={len(chaos.read_errors)} p99_ms={p99:.1f} "
+          f"hostile={hostile.total} breaches={len(hostile.breaches)}")
     return 0
 
 

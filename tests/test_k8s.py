@@ -192,9 +192,18 @@ def test_executors_reach_only_spark_and_the_node_links_on_the_control_plane(base
     spark_ports = {int(cfg.spark_conf["spark.driver.port"]), int(cfg.spark_conf["spark.driver.blockManager.port"])}
     assert admits(executor) == {(p, p) for p in spark_ports} | {(low, high)}
     assert admits(client) == {(cfg.port, cfg.port), (cfg.metrics_port, cfg.metrics_port)}
-    # Spark's own RPC between the driver and the executors: authenticated, encrypted.
+    # Spark's own RPC between the driver and the executors: authenticated, encrypted,
+    # with a secret from a k8s Secret that the driver's pod and every executor pod mount as a file.
     assert cfg.spark_conf["spark.authenticate"] == "true"
     assert cfg.spark_conf["spark.network.crypto.enabled"] == "true"
+    secret_file = Path(cfg.spark_conf["spark.authenticate.secret.file"])
+    executor_mounts = {k.removeprefix("spark.kubernetes.executor.secrets."): v for k, v in cfg.spark_conf.items()
+                       if k.startswith("spark.kubernetes.executor.secrets.")}
+    pod = _one(base, "Deployment")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if "secret" in v)
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"])
+    assert executor_mounts == {volume["secret"]["secretName"]: mount["mountPath"]}
+    assert str(secret_file.parent) == mount["mountPath"]
 
 
 def test_spark_on_kubernetes_settings_point_at_these_objects(base: list[dict[str, Any]]) -> None:

@@ -328,21 +328,26 @@ class NodeChannel:
                     except OSError:
                         chunk = b""
                     state.buf += chunk
-                    end = state.buf.find(b"\n")
-                    if not chunk or (end < 0 and len(state.buf) > _HELLO_MAX) or end > _HELLO_MAX:
+                    if not chunk:
                         drop(sock)
                         continue
-                    if end < 0:
-                        continue
-                    line, state.buf = bytes(state.buf[:end]), state.buf[end + 1:]
-                    try:
-                        done = self._step(sock, state, line)
-                    except Exception:  # noqa: BLE001 - one bad connection must not stop the handshakes
-                        log.exception("node connection failed in its handshake")
-                        done = True
-                        sock.close()
-                    if done:
-                        forget(sock)
+                    while True:  # every whole line in: a hello and its proof may come in one read
+                        end = state.buf.find(b"\n")
+                        if (end < 0 and len(state.buf) > _HELLO_MAX) or end > _HELLO_MAX:
+                            drop(sock)
+                            break
+                        if end < 0:
+                            break
+                        line, state.buf = bytes(state.buf[:end]), state.buf[end + 1:]
+                        try:
+                            done = self._step(sock, state, line)
+                        except Exception:  # noqa: BLE001 - one bad connection must not stop the handshakes
+                            log.exception("node connection failed in its handshake")
+                            done = True
+                            sock.close()
+                        if done:
+                            forget(sock)
+                            break
         finally:
             for conn in list(pending):
                 drop(conn)
