@@ -247,7 +247,9 @@ class Chaos:
     def fault(self) -> str | None:
         """One fault, of a kind that finds a target now; each round of five
         faults restarts the server once, last (so that the other faults find
-        clusters running). None when nothing can be hit."""
+        clusters running). While nothing else can be hit (the restarted
+        server's Spark is still starting) the server is killed again: a crash
+        while it recovers."""
         assert self.server.proc is not None
         if not self.round:
             self.round = ["executor", "supervisor", "raylet", "gcs"]
@@ -260,9 +262,7 @@ class Chaos:
             kind = hittable[0]
             self.round.remove(kind)
         else:  # none of this round's kinds has a target now: any that has, outside the round
-            kind = next((k for k, found in candidates.items() if found), "")
-            if not kind:
-                return None
+            kind = next((k for k, found in candidates.items() if found), "server")
         if kind == "server":
             self.restarting.set()
             self.server.kill()

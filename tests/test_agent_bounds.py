@@ -79,3 +79,16 @@ def test_strangers_leave_no_trace_and_cannot_hold_every_connection(agent) -> Non
     finally:
         for s in crowd:
             s.close()
+
+
+def test_the_first_copy_of_a_part_wins(agent, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A sender with the job's secret cannot replace a partition a Spark task
+    # delivered: a later copy is read, answered with the rows kept, and dropped.
+    # (The object store is not the point here: the table itself stands for its ref.)
+    monkeypatch.setattr(_agent, "_put", lambda table: table)
+    a, port = agent
+    assert json.loads(_send(port, {"job": "job", "secret": "s3cret", "part": 0}, _ipc(3))) == {"rows": 3}
+    assert json.loads(_send(port, {"job": "job", "secret": "s3cret", "part": 0}, _ipc(5))) == {"rows": 3}
+    parts, errors = a.take("job")
+    assert errors == []
+    assert list(parts) == [0] and parts[0][1] == 3 and parts[0][0].column("x").to_pylist() == [0, 1, 2]

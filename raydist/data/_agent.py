@@ -126,7 +126,6 @@ class BlockAgent:
 
     def _serve_one(self, conn: socket.socket) -> None:
         import pyarrow as pa
-        import ray
 
         conn.settimeout(_HEADER_S)
         job = ""
@@ -141,6 +140,8 @@ class BlockAgent:
                 return
             conn.settimeout(600)
             if "block" in header:  # the way back: send one block to a Spark task
+                import ray
+
                 table = ray.get(state["offer"][int(header["block"])])
                 with conn.makefile("wb") as out, pa.ipc.new_stream(out, table.schema) as writer:
                     writer.write_table(table)
@@ -149,14 +150,26 @@ class BlockAgent:
             if isinstance(part, bool) or not isinstance(part, int) or not 0 <= part < _MAX_PART:
                 raise ValueError(f"a partition index from 0 to {_MAX_PART - 1} (got {str(part)[:20]})")
             table = pa.ipc.open_stream(_Bounded(stream, state["max_bytes"])).read_all()
-            ref = ray.put(table)  # this actor owns the block: it outlives the Spark task
             with self._lock:
-                state["parts"][part] = (ref, table.num_rows)
-            conn.sendall(json.dumps({"rows": table.num_rows}).encode() + b"\n")
+                earlier = state["parts"].get(part)
+            if earlier is None:
+                ref = _put(table)  # this actor owns the block: it outlives the Spark task
+                with self._lock:
+                    # The first copy of a part wins: a retried task's copy, or
+                    # anyone else's, replaces nothing (its sender hears the rows kept).
+                    earlier = state["parts"].setdefault(part, (ref, table.num_rows))
+            conn.sendall(json.dumps({"rows": earlier[1]}).encode() + b"\n")
         except Exception as exc:  # noqa: BLE001 - reported to the driver with the job
             with self._lock:
                 if job in self._jobs:
                     self._jobs[job]["errors"].append(f"{type(exc).__name__}: {exc}"[:500])
+
+
+def _put(table: Any) -> Any:
+    """Put a received partition into this node's object store (owned by the agent)."""
+    import ray
+
+    return ray.put(table)
 
 
 # ---------------------------------------------------------------- in Spark tasks
@@ -186,10 +199,12 @@ def send_partitions(job: str, secret: str, agents: Mapping[str, tuple[str, int]]
         out = sock.makefile("wb")
         out.write(json.dumps({"job": job, "secret": secret, "part": part}).encode() + b"\n")
         writer = None
+        sent = 0
         for batch in batches:
             if writer is None:
                 writer = pa.ipc.new_stream(out, batch.schema)
             writer.write_batch(batch)
+            sent += batch.num_rows
         if writer is None:  # an empty partition still says what its columns are
             writer = pa.ipc.new_stream(out, pa.ipc.read_schema(pa.py_buffer(schema_ipc)))
         writer.close()
@@ -198,8 +213,12 @@ def send_partitions(job: str, secret: str, agents: Mapping[str, tuple[str, int]]
         reply = sock.makefile("rb").readline(_HEADER_MAX)
     if not reply:
         raise RuntimeError(f"the Ray node at {host}:{port} did not take partition {part}; see the driver's error")
-    rows = int(json.loads(reply)["rows"])
-    yield pa.RecordBatch.from_pydict({"part": [part], "rows": [rows]},
+    kept = int(json.loads(reply)["rows"])
+    if kept != sent:
+        # Another sender's copy of this partition got there first.
+        raise RuntimeError(f"the Ray node at {host}:{port} holds {kept} rows for partition {part}, "
+                           f"which has {sent}: a copy from another sender got there first")
+    yield pa.RecordBatch.from_pydict({"part": [part], "rows": [sent]},
                                      schema=pa.schema([("part", pa.int32()), ("rows", pa.int64())]))
 
 
