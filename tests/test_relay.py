@@ -151,3 +151,36 @@ def test_a_relay_closes_every_socket_it_held(relayed) -> None:
     mine = [c for c in psutil.Process().net_connections(kind="tcp")
             if c.laddr and c.laddr.port == relay.port and c.status != psutil.CONN_TIME_WAIT]
     assert not mine, json.dumps([str(c) for c in mine])
+
+
+def test_a_crowd_of_silent_strangers_cannot_keep_a_node_off_the_relay(relayed) -> None:
+    # Strangers on 127.0.0.2 take every place they may and say nothing; the
+    # node (on 127.0.0.1) still links, and the strangers beyond their share
+    # are closed at once.
+    ch, relay, _, rec, secret = relayed
+    crowd = []
+    for _ in range(40):
+        s = socket.socket()
+        s.bind(("127.0.0.2", 0))
+        s.connect(("127.0.0.1", relay.port))
+        crowd.append(s)
+    sup = None
+    try:
+        time.sleep(0.5)
+        closed = 0
+        for s in crowd:
+            s.settimeout(0.05)
+            try:
+                closed += s.recv(1) == b""
+            except TimeoutError:
+                pass  # holds one of its address's places
+        assert closed >= 40 - 8
+        sup = _start_at(("127.0.0.1", relay.port), secret, [])
+        assert rec.wait("started"), rec.events
+        ch.stop_all()
+        assert sup.wait(timeout=15) == 0
+    finally:
+        for s in crowd:
+            s.close()
+        if sup is not None and sup.poll() is None:
+            os.killpg(sup.pid, 9)

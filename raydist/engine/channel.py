@@ -71,6 +71,8 @@ _MAX_PENDING_PER_SOURCE = 8
 #: ``wN``): a peer's key names a directory when its logs are kept.
 _NODE_KEY = re.compile(r"(head|w[0-9]{1,9})\Z")
 _NONCE = re.compile(r"[0-9a-f]{32}\Z")
+#: At most one warning about refused connections this often.
+_REFUSALS_LOG_S = 10.0
 
 
 @dataclass
@@ -208,6 +210,8 @@ class NodeChannel:
         self._lock = threading.Lock()
         self._resumed = threading.Condition(self._lock)
         self._closing = False
+        self._refused = 0  # refusals not logged yet (the handshake thread's alone)
+        self._refusal_logged = -_REFUSALS_LOG_S
         self._stopped = False  # after stop_all(): every node, also one that says hello later, is told to stop
         self._thread = threading.Thread(target=self._handshakes, name=f"raydist-channel-{self.port}", daemon=True)
         self._thread.start()
@@ -394,9 +398,15 @@ class NodeChannel:
                          name=f"raydist-channel-{state.hello.get('key')}").start()
         return True
 
-    @staticmethod
-    def _refuse(conn: socket.socket, why: str) -> bool:
-        log.warning("refused a node connection %s", why)
+    def _refuse(self, conn: socket.socket, why: str) -> bool:
+        # One warning per _REFUSALS_LOG_S at most (with how many more): a
+        # flood of strangers must not flood the log.
+        now = time.monotonic()
+        self._refused += 1
+        if now - self._refusal_logged >= _REFUSALS_LOG_S:
+            more = f" ({self._refused - 1} more refused since the last warning)" if self._refused > 1 else ""
+            log.warning("refused a node connection %s%s", why, more)
+            self._refused, self._refusal_logged = 0, now
         try:
             conn.send(encode({"type": "refused"}))
         except OSError:

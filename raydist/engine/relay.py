@@ -47,6 +47,8 @@ _FIRST_MAX = 4096
 #: Connections allowed to be saying their first line, or waiting for the
 #: driver to dial their pair, at once; more are refused (closed) at once.
 _MAX_WAITING = 64
+#: Of those, from one address: strangers on one host cannot hold every place.
+_MAX_PER_SOURCE = 8
 
 
 def _reset(sock: socket.socket) -> None:
@@ -158,9 +160,10 @@ class LinkRelay:
         self._lock = threading.Lock()
         self._control: socket.socket | None = None
         self._control_lock = threading.Lock()  # one writer at a time on the control connection
-        self._waiting: dict[str, tuple[socket.socket, bytes, float]] = {}  # id -> supervisor, its bytes, deadline
+        # id -> supervisor, its bytes, deadline, its address
+        self._waiting: dict[str, tuple[socket.socket, bytes, float, str]] = {}
         self._joined: set[_Joint] = set()  # links passing through now
-        self._greeting = 0
+        self._greeting: dict[str, int] = {}  # address -> connections saying their first line
         self._closed = threading.Event()
         threading.Thread(target=self._accept, daemon=True, name=f"raydist-relay-{self.port}").start()
         threading.Thread(target=self._heartbeat, daemon=True, name="raydist-relay-ping").start()
@@ -191,7 +194,7 @@ class LinkRelay:
         while not self._closed.is_set():
             self._expire()
             try:
-                conn, _ = self._server.accept()
+                conn, peer = self._server.accept()
             except TimeoutError:
                 continue
             except OSError:
@@ -199,23 +202,27 @@ class LinkRelay:
                     return
                 time.sleep(0.1)  # out of file descriptors, say: back off, do not spin
                 continue
+            source = str(peer[0])
             with self._lock:
-                full = self._greeting + len(self._waiting) >= _MAX_WAITING
+                mine = self._greeting.get(source, 0) + sum(1 for w in self._waiting.values() if w[3] == source)
+                full = sum(self._greeting.values()) + len(self._waiting) >= _MAX_WAITING or mine >= _MAX_PER_SOURCE
                 if not full:
-                    self._greeting += 1
+                    self._greeting[source] = self._greeting.get(source, 0) + 1
             if full:
-                conn.close()
+                conn.close()  # refused, not one already waiting pushed out
                 continue
-            threading.Thread(target=self._greet, args=(conn,), daemon=True, name="raydist-relay-greet").start()
+            threading.Thread(target=self._greet, args=(conn, source), daemon=True, name="raydist-relay-greet").start()
 
-    def _greet(self, conn: socket.socket) -> None:
+    def _greet(self, conn: socket.socket, source: str) -> None:
         try:
-            self._take(conn)
+            self._take(conn, source)
         finally:
             with self._lock:
-                self._greeting -= 1
+                self._greeting[source] -= 1
+                if not self._greeting[source]:
+                    del self._greeting[source]
 
-    def _take(self, conn: socket.socket) -> None:
+    def _take(self, conn: socket.socket, source: str) -> None:
         """Read a new connection's first line and give it its place: the
         driver's control or pair connection once it proves the relay's key,
         else a supervisor waiting for its pair."""
@@ -245,7 +252,7 @@ class LinkRelay:
         enable_keepalive(conn)
         link_id = secrets.token_hex(8)
         with self._lock:
-            self._waiting[link_id] = (conn, first + b"\n" + rest, time.monotonic() + self._wait_s)
+            self._waiting[link_id] = (conn, first + b"\n" + rest, time.monotonic() + self._wait_s, source)
         self._tell({"type": "dial", "id": link_id})
 
     def _from_driver(self, conn: socket.socket, kind: str, msg: dict[str, object], rest: bytes) -> bool:
@@ -295,7 +302,7 @@ class LinkRelay:
         if waiting is None:
             conn.close()  # its supervisor gave up waiting, or the id is not ours
             return
-        supervisor, first, _ = waiting
+        supervisor, first, _, _ = waiting
         joint = _Joint(supervisor, conn, lambda: self._forget(joint))
         with self._lock:
             closed = self._closed.is_set()
@@ -329,7 +336,7 @@ class LinkRelay:
     def _expire(self) -> None:
         now = time.monotonic()
         with self._lock:
-            gone = [k for k, (_, _, deadline) in self._waiting.items() if deadline <= now]
+            gone = [k for k, (_, _, deadline, _) in self._waiting.items() if deadline <= now]
             socks = [self._waiting.pop(k)[0] for k in gone]
         for sock in socks:
             sock.close()  # the supervisor reads a silent close and tries again
