@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["TorchDistributor", "DeepspeedTorchDistributor", "MirroredStrategyRunner", "deepspeed_config"]
+__all__ = ["TorchDistributor", "DeepspeedTorchDistributor", "MirroredStrategyRunner", "HorovodRunner",
+           "deepspeed_config"]
 
 _WHERE = {
     "TorchDistributor": "raydist.compat.torch_distributor",
     "DeepspeedTorchDistributor": "raydist.compat.deepspeed_distributor",
     "deepspeed_config": "raydist.compat.deepspeed_distributor",
     "MirroredStrategyRunner": "raydist.compat.mirrored_strategy",
+    "HorovodRunner": "raydist.compat.horovod_runner",
 }
 
 

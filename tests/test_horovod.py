@@ -1,0 +1,67 @@
+"""Horovod programs on raydist (raydist.compat.horovod): a PyTorch program
+written as Horovod's examples write it, only the runner's import changed,
+run as a script on real Spark and Ray; its results against the same
+training in one process."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.probe import run_program
+
+pytestmark = pytest.mark.integration
+
+
+def _close(a: list[float], b: list[float]) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= 1e-4 * max(1.0, abs(y)) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.timeout(900)
+def test_a_horovod_pytorch_program_runs_with_only_its_runner_import_changed(no_leftover_ray) -> None:
+    out = run_program("horovod_user.py")
+    reference = out["reference"]
+
+    # Averaged gradients over two ranks' shards (with SyncBatchNorm over the
+    # global batch) give the weights of one process on the whole batch: on
+    # this machine (np < 0) and on the session cluster (np > 0).
+    for where in ("local", "cluster"):
+        got = out[where]
+        assert got["rank"] == 0 and got["size"] == 2, got
+        assert _close(got["after"], reference), (where, got["after"], reference)
+
+    # horovod.spark.run: every rank's result in rank order; ranks that began
+    # from different weights end equal (broadcast_parameters).
+    ranks = out["every_rank"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert ranks[0]["before"] != ranks[1]["before"]
+    assert ranks[0]["after"] == ranks[1]["after"] and _close(ranks[0]["after"], reference)
+
+    # backward_passes_per_step=2: two summed passes a step, as a doubled batch.
+    assert _close(out["passes"]["after"], out["reference_doubled"]), (out["passes"], out["reference_doubled"])
+
+    coll = out["collectives"]
+    assert coll[0]["allgather"] == coll[1]["allgather"] == [0.0, 0.0, 1.0]  # unequal first dimensions
+    assert coll[0]["allreduce_sum"] == 3.0 and coll[0]["allreduce_avg"] == 1.5
+    assert coll[0]["broadcast"] == coll[1]["broadcast"] == 7.0
+    assert coll[0]["objects"] == [{"rank": 0}, {"rank": 1}]
+    assert "hvd.Average" in coll[0]["adasum"]  # unsupported, naming what to use
+    assert "horovod.torch" in coll[0]["mxnet_import"]  # a module not mapped says which are
+
+    # An error in one rank reaches the caller with its message, wherever it ran.
+    for where in ("error_local", "error_cluster"):
+        assert out[where] is not None and "rank 1 could not read its shard" in out[where], (where, out[where])
+
+
+@pytest.mark.timeout(900)
+def test_a_horovod_keras_program_runs_with_only_its_runner_import_changed(no_leftover_ray) -> None:
+    out = run_program("horovod_keras_user.py")
+    got, reference = out["horovod"], out["reference"]
+    assert got["rank"] == 0 and got["size"] == 2
+    assert got["tf_keras"] == "tf_keras"  # Keras 2, as Horovod's Keras was
+    # Averaged gradients over two shards: the weights, and the epoch losses
+    # (MetricAverageCallback), of one process fitting the whole batch.
+    assert _close(got["weights"], reference["weights"]), (got["weights"], reference["weights"])
+    assert _close(got["loss"], reference["loss"]), (got["loss"], reference["loss"])
+    # The warmup: initial_lr / size, growing step by step to initial_lr over two epochs.
+    assert got["rates"] == [0.05, 0.075, 0.1, 0.1], got["rates"]
+    assert got["allgather"] == [0.0, 1.0, 1.0]
