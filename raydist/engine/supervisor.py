@@ -147,8 +147,12 @@ class Supervisor:
             try:
                 sock, reader = self._open(resume=False)
                 break
-            except LinkRefused:
-                raise  # a wrong key does not get better with retries
+            except (LinkRefused, ConnectionRefusedError):
+                # A wrong key does not get better with retries; and the
+                # channel listens from before any plan names it until the
+                # cluster is gone, so nothing listening means it is gone
+                # (torn down while this node's task started).
+                raise
             except (OSError, LinkBroken):
                 if time.monotonic() > deadline:
                     raise
