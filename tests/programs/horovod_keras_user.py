@@ -1,6 +1,6 @@
 """A Horovod user's Keras program, written as Horovod's Keras examples write
 it, with only the runner's import changed; run as a script by
-tests/test_horovod.py. It prints one JSON line of what a user would check."""
+tests/test_horovod.py. It prints one RESULT line (JSON) of what a user would check."""
 
 import json
 import os
@@ -75,4 +75,4 @@ def reference():
 
 out = {"horovod": HorovodRunner(np=2).run(train), "reference": reference()}
 spark.stop()
-print(json.dumps(out))
+print("RESULT " + json.dumps(out), flush=True)

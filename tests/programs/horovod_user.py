@@ -144,4 +144,4 @@ out = {
     "error_cluster": caught(lambda: HorovodRunner(np=2).run(fails)),
 }
 spark.stop()
-print(json.dumps(out))
+print("RESULT " + json.dumps(out), flush=True)
