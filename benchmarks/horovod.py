@@ -49,15 +49,17 @@ def measure(rounds: int, steps: int) -> dict:
         t = torch.ones(mb * 2**20 // 4)
         raw, ours = [], []
         for i in range(rounds + 2):
-            dist.barrier()
-            start = time.perf_counter()
-            dist.all_reduce(t)
-            middle = time.perf_counter()
-            hvd.allreduce(t)
-            end = time.perf_counter()
-            if i >= 2:  # the first rounds warm the group's buffers
-                raw.append(middle - start)
-                ours.append(end - middle)
+            # Both ranks start each op together; each round the other goes first.
+            for which in (("raw", "hvd") if i % 2 else ("hvd", "raw")):
+                dist.barrier()
+                start = time.perf_counter()
+                if which == "raw":
+                    dist.all_reduce(t)
+                else:
+                    hvd.allreduce(t)
+                took = time.perf_counter() - start
+                if i >= 2:  # the first rounds warm the group's buffers
+                    (raw if which == "raw" else ours).append(took)
         out["allreduce"][mb] = (statistics.median(raw), statistics.median(ours))
 
     def model() -> torch.nn.Module:

@@ -44,6 +44,7 @@ def test_a_horovod_pytorch_program_runs_with_only_its_runner_import_changed(no_l
     assert coll[0]["allreduce_sum"] == 3.0 and coll[0]["allreduce_avg"] == 1.5
     assert coll[0]["broadcast"] == coll[1]["broadcast"] == 7.0
     assert coll[0]["objects"] == [{"rank": 0}, {"rank": 1}]
+    assert coll[0]["held"] == [[1.5, 1.5], [4.5] * 4]  # an output held is never handed out again
     assert "hvd.Average" in coll[0]["adasum"]  # unsupported, naming what to use
     assert "horovod.torch" in coll[0]["mxnet_import"]  # a module not mapped says which are
 

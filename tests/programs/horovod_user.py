@@ -102,6 +102,14 @@ def collectives():
         "broadcast": hvd.broadcast(torch.tensor([me * 7.0]), root_rank=1).item(),
         "objects": hvd.allgather_object({"rank": me}),
     }
+    # Outputs big enough to be recycled: one still held, or a view of one,
+    # keeps its values through later allreduces.
+    big = torch.full((1 << 19,), me + 1.0)
+    first = hvd.allreduce(big)
+    view = hvd.allreduce(big * 3)[:4]
+    for _ in range(3):
+        hvd.allreduce(big * 5)
+    out["held"] = [first[:2].tolist(), view.tolist()]
     try:
         hvd.allreduce(torch.ones(1), op=hvd.Adasum)
     except NotImplementedError as e:

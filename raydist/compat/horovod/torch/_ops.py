@@ -9,6 +9,7 @@ calls them in the same order in Horovod programs too.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -129,15 +130,67 @@ def _allreduce_into(buffers: list[Any], outputs: list[Any], op: Any, average: bo
     return _Handle(works, finish)
 
 
+#: Outputs at least this big come from :class:`_Recycled` (smaller ones are cheap to allocate).
+_RECYCLE_MIN_BYTES = 1 << 20
+
+
+class _Recycled:
+    """Output buffers of out-of-place ops, used again once nothing else holds them.
+
+    A new tensor of many megabytes is fresh memory from the kernel (glibc
+    maps allocations past 32 MiB anew each time): every page of it faults
+    on first write, which costs as much as the allreduce itself here. A
+    buffer whose storage nothing but this pool holds any more (no tensor,
+    no view) is handed out again instead. At most ``per_size`` buffers of a
+    size and ``max_bytes`` in all are kept; the oldest go first.
+    """
+
+    def __init__(self, per_size: int = 2, max_bytes: int = 1 << 30) -> None:
+        self._per_size, self._max_bytes = per_size, max_bytes
+        self._kept: list[tuple[tuple[Any, ...], Any]] = []  # (key, storage), oldest first
+        self._lock = threading.Lock()
+
+    def empty_like(self, tensor: Any) -> Any:
+        import torch
+
+        nbytes = tensor.numel() * tensor.element_size()
+        use_count = getattr(torch._C, "_storage_Use_Count", None)
+        if nbytes < _RECYCLE_MIN_BYTES or use_count is None or tensor.device.type != "cpu":
+            return torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        key = (nbytes, tensor.device)
+        with self._lock:
+            for i, (k, storage) in enumerate(self._kept):
+                if k == key and use_count(storage._cdata) == 1:  # only this pool holds it
+                    self._kept.append(self._kept.pop(i))
+                    out = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+                    return out.set_(storage, 0, tensor.shape)
+            out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+            self._kept.append((key, out.untyped_storage()))
+            same = [j for j, (k, _) in enumerate(self._kept) if k == key]
+            if len(same) > self._per_size:
+                del self._kept[same[0]]
+            while sum(k[0] for k, _ in self._kept) > self._max_bytes:
+                del self._kept[0]
+            return out
+
+
+_recycled = _Recycled()
+
+
 def _copy_for(tensor: Any, op: Any, average: bool | None, prescale_factor: float,
               compression: Any = None) -> tuple[Any, Any, bool | None, float]:
     """The new tensor an out-of-place allreduce sends, and the op and
     prescale left to apply: a float average is a sum of copies already
     divided by the world size (one pass over the memory instead of two)."""
+    import torch
+
     kind = _reduce_op(op, average)
+    out = _recycled.empty_like(tensor)
     if kind == Average and compression is None and (tensor.is_floating_point() or tensor.is_complex()):
-        return tensor.detach() * (prescale_factor / size()), Sum, None, 1.0
-    return tensor.detach().clone(), op, average, prescale_factor
+        torch.mul(tensor.detach(), prescale_factor / size(), out=out)
+        return out, Sum, None, 1.0
+    out.copy_(tensor.detach())
+    return out, op, average, prescale_factor
 
 
 def allreduce_async(tensor: Any, average: bool | None = None, name: str | None = None, op: Any = None,
