@@ -104,7 +104,8 @@ class _Distributed:
         else:
             pre = post = 1.0
         if flats:
-            _allreduce_into(flats, flats, self._hvd_op, None, pre, post, self._hvd_compression, None).wait()
+            _allreduce_into(flats, flats, self._hvd_op, None, pre, post, self._hvd_compression, None,
+                            now=True).wait()
         for flat, same in zip(flats, pieces, strict=True):
             offset = 0
             for g in same:
