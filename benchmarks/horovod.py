@@ -6,7 +6,9 @@ in both ranks at once:
 
 * allreduce bandwidth, 1 MB to 64 MB: `hvd.allreduce(t)` (Horovod's default,
   an average into a new tensor) against raw `dist.all_reduce(t)` (a sum, in
-  place) on the same gloo group, interleaved round by round, medians;
+  place) on the same gloo group, interleaved round by round, medians; and
+  the floor of any out-of-place average on that group (one scaled copy into
+  a buffer made beforehand, then the in-place sum), the same way;
 * training: samples/s of a loop under `hvd.DistributedOptimizer` against the
   same model, data and seed under DDP, and whether both end at the same weights.
 
@@ -47,20 +49,25 @@ def measure(rounds: int, steps: int) -> dict:
     out: dict = {"allreduce": {}}
     for mb in SIZES_MB:
         t = torch.ones(mb * 2**20 // 4)
-        raw, ours = [], []
+        buf = torch.empty_like(t)
+        times: dict[str, list[float]] = {"raw": [], "hvd": [], "floor": []}
+        order = ["raw", "hvd", "floor"]
         for i in range(rounds + 2):
-            # Both ranks start each op together; each round the other goes first.
-            for which in (("raw", "hvd") if i % 2 else ("hvd", "raw")):
+            # Both ranks start each op together; each round another goes first.
+            for which in order[i % 3:] + order[:i % 3]:
                 dist.barrier()
                 start = time.perf_counter()
                 if which == "raw":
                     dist.all_reduce(t)
-                else:
+                elif which == "hvd":
                     hvd.allreduce(t)
+                else:  # the least an out-of-place average costs: one scaled copy, then the sum
+                    torch.mul(t, 1.0 / hvd.size(), out=buf)
+                    dist.all_reduce(buf)
                 took = time.perf_counter() - start
                 if i >= 2:  # the first rounds warm the group's buffers
-                    (raw if which == "raw" else ours).append(took)
-        out["allreduce"][mb] = (statistics.median(raw), statistics.median(ours))
+                    times[which].append(took)
+        out["allreduce"][mb] = tuple(statistics.median(times[k]) for k in order)
 
     def model() -> torch.nn.Module:
         torch.manual_seed(0)
@@ -109,11 +116,15 @@ def main() -> int:
         got = HorovodRunner(np=2).run(measure, rounds=args.rounds, steps=args.steps)
     finally:
         spark.stop()
-    ratios = []
-    for mb, (raw, ours) in sorted(got["allreduce"].items()):
+    ratios, floors = [], []
+    for mb, (raw, ours, floor) in sorted(got["allreduce"].items()):
         ratio = raw / ours  # bandwidth ratio: the same bytes over each time
         ratios.append(ratio)
-        print(f"allreduce {mb:>2} MB  raw {mb / raw:7.1f} MB/s  hvd {mb / ours:7.1f} MB/s  ratio {ratio:.3f}")
+        floors.append(raw / floor)
+        print(f"allreduce {mb:>2} MB  raw {mb / raw:7.1f} MB/s  hvd {mb / ours:7.1f} MB/s  ratio {ratio:.3f}  "
+              f"(out-of-place floor {mb / floor:7.1f} MB/s, {raw / floor:.3f} of raw)")
+    print(f"out-of-place floor: {statistics.median(floors):.3f} of raw (hvd.allreduce returns a new tensor, "
+          f"raw all_reduce sums in place); hvd/floor {statistics.median(ratios) / statistics.median(floors):.3f}")
     ddp_rate, hvd_rate = got["train"]
     print(f"training  DDP {ddp_rate:.0f} samples/s  hvd.DistributedOptimizer {hvd_rate:.0f} samples/s")
     print(f"hvd_allreduce_ratio={statistics.median(ratios):.3f} hvd_train_ratio={hvd_rate / ddp_rate:.3f} "

@@ -4,9 +4,10 @@ a model's and an optimizer's state.
 ``DistributedOptimizer`` wraps the user's optimizer in a subclass of its own
 class (so ``isinstance`` and its ``param_groups`` / ``state_dict`` are the
 same): gradients accumulate locally for ``backward_passes_per_step``
-backward passes, then ``step()`` averages them over every rank before the
-update (one flat allreduce per dtype, which costs far fewer rounds than one
-per tensor). ``synchronize()`` does the averaging early, and
+backward passes; on the last, each is averaged over every rank, in buckets
+sent while the backward pass goes on (as DDP does; Horovod sends tensor by
+tensor, fused in its background thread), and ``step()`` waits for them
+before the update. ``synchronize()`` does the waiting early, and
 ``skip_synchronize()`` keeps ``step()`` from doing it again, for gradient
 clipping between the two, as in Horovod.
 """
@@ -74,8 +75,23 @@ def broadcast_optimizer_state(optimizer: Any, root_rank: int) -> None:
     optimizer.load_state_dict(state)
 
 
+#: A bucket of ready gradients is sent once it holds this many bytes: the
+#: first small, so the last layers' gradients travel while the backward pass
+#: still runs through the first ones (DDP's way), later ones bigger, so a
+#: big model costs few rounds.
+_FIRST_BUCKET_BYTES = 1 << 20
+_BUCKET_BYTES = 16 << 20
+
+
 class _Distributed:
-    """The methods a wrapped optimizer gains (mixed in before its own class)."""
+    """The methods a wrapped optimizer gains (mixed in before its own class).
+
+    Each parameter's gradient joins a bucket when its last backward pass of
+    the step has accumulated it (a post-accumulate hook); a full bucket is
+    flattened and its allreduce started at once, while the backward pass
+    goes on. :meth:`synchronize` sends what is left, waits for every bucket
+    and puts the averages back into the gradients.
+    """
 
     _hvd_compression: Any
     _hvd_op: str
@@ -83,34 +99,64 @@ class _Distributed:
     _hvd_passes: int
     _hvd_synced: bool
     _hvd_skip: bool
+    _hvd_counts: dict[int, int]
+    _hvd_bucket: list[Any]
+    _hvd_sent: list[tuple[Any, Any, list[Any]]]
+    _hvd_launched: set[int]
 
     def _hvd_params(self) -> list[Any]:
         return [p for group in self.param_groups for p in group["params"]]  # type: ignore[attr-defined]
 
-    def synchronize(self) -> None:
-        """Average the accumulated gradients over every rank now."""
+    def _hvd_hook_all(self) -> None:
+        self._hvd_counts, self._hvd_bucket, self._hvd_sent, self._hvd_launched = {}, [], [], set()
+        for p in self._hvd_params():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._hvd_ready)
+
+    def _hvd_ready(self, p: Any) -> None:
+        passes = self._hvd_counts.get(id(p), 0) + 1
+        if passes < self._hvd_passes:
+            self._hvd_counts[id(p)] = passes  # accumulates locally for more passes first
+            return
+        self._hvd_counts[id(p)] = 0
+        if id(p) in self._hvd_launched or p.grad is None:
+            return
+        self._hvd_bucket.append(p)
+        limit = _FIRST_BUCKET_BYTES if not self._hvd_sent else _BUCKET_BYTES
+        if sum(q.grad.numel() * q.grad.element_size() for q in self._hvd_bucket) >= limit:
+            self._hvd_send()
+
+    def _hvd_send(self) -> None:
         import torch
 
-        grads = [p.grad for p in self._hvd_params() if p.grad is not None]
         by_dtype: dict[Any, list[Any]] = {}
-        for g in grads:
-            by_dtype.setdefault(g.dtype, []).append(g)
-        flats, pieces = [], []
-        for same in by_dtype.values():
-            flats.append(torch.cat([g.reshape(-1) for g in same]))
-            pieces.append(same)
+        for p in self._hvd_bucket:
+            by_dtype.setdefault(p.grad.dtype, []).append(p)
+            self._hvd_launched.add(id(p))
+        self._hvd_bucket = []
         if self._hvd_op == Average:
             pre, post = 1.0 / self._hvd_predivide, self._hvd_predivide
         else:
             pre = post = 1.0
-        if flats:
-            _allreduce_into(flats, flats, self._hvd_op, None, pre, post, self._hvd_compression, None,
-                            now=True).wait()
-        for flat, same in zip(flats, pieces, strict=True):
+        for params in by_dtype.values():
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            handle = _allreduce_into([flat], [flat], self._hvd_op, None, pre, post, self._hvd_compression, None)
+            self._hvd_sent.append((handle, flat, params))
+
+    def synchronize(self) -> None:
+        """Average the accumulated gradients over every rank now."""
+        for p in self._hvd_params():  # those no hook sent (fewer passes than asked, or no hook ran)
+            if p.grad is not None and id(p) not in self._hvd_launched and all(p is not q for q in self._hvd_bucket):
+                self._hvd_bucket.append(p)
+        if self._hvd_bucket:
+            self._hvd_send()
+        for handle, flat, params in self._hvd_sent:
+            handle.wait()
             offset = 0
-            for g in same:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
+            for p in params:
+                p.grad.copy_(flat[offset:offset + p.grad.numel()].view_as(p.grad))
+                offset += p.grad.numel()
+        self._hvd_sent, self._hvd_launched, self._hvd_counts = [], set(), {}
         self._hvd_synced = True
 
     @contextlib.contextmanager
@@ -129,6 +175,10 @@ class _Distributed:
         return super().step(closure)  # type: ignore[misc]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._hvd_sent:  # sent on every rank: finish them, so the ranks' rounds stay in step
+            for handle, _, _ in self._hvd_sent:
+                handle.wait()
+        self._hvd_sent, self._hvd_launched, self._hvd_bucket = [], set(), []
         self._hvd_synced = False
         super().zero_grad(set_to_none=set_to_none)  # type: ignore[misc]
 
@@ -175,4 +225,5 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     wrapped._hvd_passes = int(backward_passes_per_step)
     wrapped._hvd_synced = False
     wrapped._hvd_skip = False
+    wrapped._hvd_hook_all()
     return wrapped
