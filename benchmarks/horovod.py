@@ -19,7 +19,7 @@ Last line:
 
 Targets: hvd_allreduce_ratio >= 0.95, hvd_train_ratio >= 0.9, same_result=true.
 
-Run: .venv/bin/python benchmarks/horovod.py [--rounds 9] [--steps 30]
+Run: .venv/bin/python benchmarks/horovod.py [--rounds 15] [--steps 30]
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def measure(rounds: int, steps: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--master", default="local-cluster[2,1,2048]")
     args = parser.parse_args()
