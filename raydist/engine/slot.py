@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from raydist.engine.channel import NodeLink
+from raydist.engine.nodelink import NodeLink
 from raydist.spec import NodeStatus
 
 __all__ = ["NodeCounters", "WorkerPool", "WorkerSlot", "first_error_line", "keep_filled"]

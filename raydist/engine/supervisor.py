@@ -42,8 +42,8 @@ from typing import Any
 
 import psutil
 
-from raydist.engine.channel import LOG_TAIL_LINES
 from raydist.engine.linkauth import say_hello
+from raydist.engine.nodelink import LOG_TAIL_LINES
 from raydist.engine.nodelogs import NODE_BYTES, chunks, read_logs
 from raydist.engine.ports import free_port, wait_for_port
 from raydist.engine.reaper import (
