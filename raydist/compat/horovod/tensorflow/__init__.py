@@ -74,8 +74,8 @@ def _np_allreduce(arrays: Sequence[Any], op: str, prescale: float, postscale: fl
 
     out = []
     for a in arrays:
-        buf = torch.from_numpy(np.array(a, copy=True).reshape(-1) * prescale if prescale != 1.0 else
-                               np.array(a, copy=True).reshape(-1))
+        flat = np.array(a, copy=True).reshape(-1)
+        buf = torch.from_numpy(flat * prescale if prescale != 1.0 else flat)
         dist.all_reduce(buf, op=_dist_op(op))
         if op == Average:
             buf = buf / size() if buf.is_floating_point() else torch.div(buf, size(), rounding_mode="floor")

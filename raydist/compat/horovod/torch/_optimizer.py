@@ -101,6 +101,7 @@ class _Distributed:
     _hvd_skip: bool
     _hvd_counts: dict[int, int]
     _hvd_bucket: list[Any]
+    _hvd_bucket_bytes: int  # what the bucket holds, kept as it fills
     _hvd_sent: list[tuple[Any, Any, list[Any]]]
     _hvd_launched: set[int]
 
@@ -109,6 +110,7 @@ class _Distributed:
 
     def _hvd_hook_all(self) -> None:
         self._hvd_counts, self._hvd_bucket, self._hvd_sent, self._hvd_launched = {}, [], [], set()
+        self._hvd_bucket_bytes = 0
         for p in self._hvd_params():
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(self._hvd_ready)
@@ -122,8 +124,8 @@ class _Distributed:
         if id(p) in self._hvd_launched or p.grad is None:
             return
         self._hvd_bucket.append(p)
-        limit = _FIRST_BUCKET_BYTES if not self._hvd_sent else _BUCKET_BYTES
-        if sum(q.grad.numel() * q.grad.element_size() for q in self._hvd_bucket) >= limit:
+        self._hvd_bucket_bytes += p.grad.numel() * p.grad.element_size()
+        if self._hvd_bucket_bytes >= (_FIRST_BUCKET_BYTES if not self._hvd_sent else _BUCKET_BYTES):
             self._hvd_send()
 
     def _hvd_send(self) -> None:
@@ -133,7 +135,7 @@ class _Distributed:
         for p in self._hvd_bucket:
             by_dtype.setdefault(p.grad.dtype, []).append(p)
             self._hvd_launched.add(id(p))
-        self._hvd_bucket = []
+        self._hvd_bucket, self._hvd_bucket_bytes = [], 0
         if self._hvd_op == Average:
             pre, post = 1.0 / self._hvd_predivide, self._hvd_predivide
         else:
@@ -178,7 +180,7 @@ class _Distributed:
         if self._hvd_sent:  # sent on every rank: finish them, so the ranks' rounds stay in step
             for handle, _, _ in self._hvd_sent:
                 handle.wait()
-        self._hvd_sent, self._hvd_launched, self._hvd_bucket = [], set(), []
+        self._hvd_sent, self._hvd_launched, self._hvd_bucket, self._hvd_bucket_bytes = [], set(), [], 0
         self._hvd_synced = False
         super().zero_grad(set_to_none=set_to_none)  # type: ignore[misc]
 
