@@ -44,7 +44,7 @@ def test_the_engine_sees_a_connect_session_as_spark(connect_server, no_leftover_
     seen = _client(connect_server.url, """
         import threading, time
         from raydist.engine import spark as spark_side
-        from raydist.engine.sparkside import side_of
+        from raydist.engine.sides import side_of
         side = side_of(spark)
         cap = spark_side.capacity(spark)
         profile = side.resource_profile(1, 0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from raydist.engine.scaler import decide, nodes_for
 
 BASE = dict(min_workers=0, max_workers=3, cpus=2, gpus=0.0, idle_timeout_s=60.0)
@@ -41,3 +43,29 @@ def test_shrinks_idle_nodes_down_to_min_and_never_while_demand_waits() -> None:
 def test_nodes_still_starting_are_left_to_come_up() -> None:
     # A reading with no demand while a node starts (between lease requests) removes nothing.
     assert decide(pending=[], idle_ms={"w0": 0}, active=2, up=1, **BASE) is None
+
+
+def test_a_demand_reading_of_thousands_of_nodes_fits_the_link_and_comes_back_whole() -> None:
+    # Past ~650 nodes the one-line reading passed the link's 64 KiB line
+    # bound: every reading broke the head's link, and scaling stopped.
+    from raydist.engine.demand import MAX_SHAPES, DemandParts, encode_reading
+    from raydist.engine.wire import MAX_LINE
+
+    idle = {f"w{i}": 60_000 + i for i in range(5000)}
+    pending = [[{"CPU": 1.0, "GPU": float(i % 3)}, 2] for i in range(300)] + [[{"CPU": 1.0, "GPU": 0.0}, 5]]
+    pending += [[{"CPU": float(i + 2)}, 1] for i in range(100)]  # more distinct shapes than are sent
+    lines = encode_reading({"pending": pending, "idle": idle}, seq=4)
+    assert len(lines) > 1
+    assert all(len(line.encode()) + 32 < MAX_LINE for line in lines)  # with the supervisor's "type" added
+    parts = DemandParts()
+    got = [parts.add(json.loads(line)) for line in lines]
+    assert got[:-1] == [None] * (len(lines) - 1)
+    whole = got[-1]
+    assert whole is not None and whole["idle"] == idle
+    shapes = {json.dumps(b, sort_keys=True): c for b, c in whole["pending"]}
+    assert shapes[json.dumps({"CPU": 1.0, "GPU": 0.0}, sort_keys=True)] == 100 * 2 + 5  # same shapes merged
+    assert len(whole["pending"]) == MAX_SHAPES
+    # A part of an older reading does not mix into a newer one.
+    stale = json.loads(lines[0])
+    stale["seq"] = 3
+    assert parts.add(stale) is None and parts.add(json.loads(lines[0])) is None

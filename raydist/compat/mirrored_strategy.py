@@ -106,7 +106,7 @@ class MirroredStrategyRunner:
 
     def _run_here(self, train_fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
         """Spark's local mode: this process, CPU only unless ``use_gpu``."""
-        from raydist.train._env import scoped_env
+        from raydist.train.runtime import scoped_env
 
         with scoped_env({} if self.use_gpu else {"CUDA_VISIBLE_DEVICES": ""}):
             return _run_program(train_fn, kwargs, self.use_custom_strategy)

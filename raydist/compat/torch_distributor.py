@@ -8,7 +8,7 @@ from typing import Any
 
 from raydist.compat._jobs import ArgvJob, function_job, plain, script_job
 from raydist.errors import TrainingConfigError
-from raydist.train.session import DEFAULT_KEEP_WARM_S
+from raydist.train.runtime import DEFAULT_KEEP_WARM_S
 
 __all__ = ["TorchDistributor"]
 
@@ -99,13 +99,13 @@ class TorchDistributor:
     def _fit(self, job: Callable[[], Any]) -> Any:
         """Run ``job()`` in every process with torchrun's environment set;
         rank 0's return value."""
-        from raydist.train._signals import keyboard_interrupts
+        from raydist.train.runtime import keyboard_interrupts
 
         with keyboard_interrupts():
             return self._fit_where(job)
 
     def _fit_where(self, job: Callable[[], Any]) -> Any:
-        from raydist.train.session import training_session
+        from raydist.train.runtime import training_session
 
         session = training_session()
         self.last_result = None
@@ -137,11 +137,11 @@ class TorchDistributor:
         from ray.train import FailureConfig, RunConfig
 
         from raydist.compat._torchrun import as_torchrun_worker
-        from raydist.train.resident import TORCHRUN_PRIORITY_ENV
+        from raydist.train.runtime import TORCHRUN_PRIORITY_ENV
         from raydist.train.torch import TorchTrainer
 
         def worker(_config: Any) -> Any:
-            from raydist.train._fork import keep_destroyed_groups
+            from raydist.train.runtime import keep_destroyed_groups
 
             as_torchrun_worker()
             keep_destroyed_groups()  # this worker ends with the run; see raydist.train._fork

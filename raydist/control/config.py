@@ -48,6 +48,7 @@ __all__ = ["CONFIG_ENV", "ServerConfig"]
 CONFIG_ENV = "RAYDIST_CONFIG"
 
 _SERVER_KEYS = {"host": str, "port": int, "metrics_port": int, "grace_s": float, "idle_stop_s": float,
+                "events_keep": int, "events_max_age_s": float,
                 "tls_cert": str, "tls_key": str,
                 "tls_client_ca": str, "link_ports": str}
 _KIND_WORDS = {str: "a string", int: "a whole number", float: "a number"}
@@ -90,6 +91,9 @@ class ServerConfig:
             executors are the control plane's own children anyway.
         tenants: who may call besides the control plane's own token, each
             seeing only its own clusters (:mod:`raydist.control.tenants`).
+        events_keep / events_max_age_s: each cluster's events kept (the
+            newest 1,000, none older than 7 days, by default): every
+            credentials call and node change adds one.
     """
 
     host: str = "127.0.0.1"
@@ -107,8 +111,14 @@ class ServerConfig:
     head: str = "auto"
     link_ports: str = ""
     tenants: tuple[TenantConfig, ...] = ()
+    events_keep: int = 1000
+    events_max_age_s: float = 7 * 24 * 3600.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.events_keep, int) or isinstance(self.events_keep, bool) or self.events_keep < 1:
+            raise SpecError("server.events_keep", self.events_keep, "a whole number of events, 1 or more")
+        if not isinstance(self.events_max_age_s, (int, float)) or self.events_max_age_s <= 0:
+            raise SpecError("server.events_max_age_s", self.events_max_age_s, "a number of seconds above 0")
         if self.head not in HEAD_PLACES:
             raise SpecError("ray.head", self.head, f"one of {', '.join(HEAD_PLACES)}")
         for name in ("port", "metrics_port"):

@@ -50,6 +50,9 @@ def _node_proto(pb: Any, node: NodeStatus) -> Any:
                    gpus=node.gpus, message=node.message, idle_seconds=node.idle_s)
 
 
+#: How soon a cluster's node changes reach its cached status (state changes: at once).
+_SYNC_S = 0.1
+
 #: GetNodeLogs' default and largest answer (bytes of log text).
 _LOG_BYTES_DEFAULT = 256 << 10
 _LOG_BYTES_MAX = 1 << 20
@@ -68,11 +71,17 @@ class ClusterManager:
         self._spark_factory = spark_factory
         self._spark: Any = None
         self._on_change = on_change
+        # Writers' lock (store rows, engines, cache entries); never taken by a
+        # read, so no read waits on SQLite or a cluster's lock.
         self._lock = threading.RLock()
         self._engines: dict[str, RayCluster] = {}
         self._cache: dict[str, Any] = {}
         self._idle: dict[str, int] = {}  # idle worker nodes per cluster (observed, not stored)
         self._nodes: dict[str, tuple[NodeStatus, ...]] = {}  # per cluster (observed, not stored)
+        self._node_protos: dict[str, dict[str, tuple[NodeStatus, Any]]] = {}  # per cluster, per node key
+        self._dirty: set[str] = set()  # clusters to sync soon
+        self._dirty_cond = threading.Condition()
+        self._syncer: threading.Thread | None = None
         self._spark_lock = threading.Lock()
         self._spark_error = ""
         self._head_ports = dict(head_ports or {})
@@ -121,12 +130,60 @@ class ClusterManager:
                 return
             backoff = min(30.0, backoff * 2)
 
+    def spark_alive(self) -> bool:
+        """Whether the server's Spark still runs (True while it starts: that is not a death)."""
+        spark = self._spark
+        if spark is None:
+            return True
+        from raydist.engine.sides import side_of
+
+        return side_of(spark).alive()
+
+    def spark_died(self) -> list[str]:
+        """The server's SparkContext died (its JVM was killed, it stopped
+        itself): every cluster on it died with it. Tear what is left of them
+        down, mark each CREATING when its spec asks to come back (returned,
+        for :meth:`restart` once a new session runs) or FAILED with the
+        reason, and let go of the dead session."""
+        from raydist.engine.sides import side_of
+
+        with self._spark_lock:
+            spark, self._spark = self._spark, None
+            self._spark_error = "its SparkContext died; a new one is starting"
+        with self._lock:
+            engines, self._engines = dict(self._engines), {}
+        for name, engine in engines.items():
+            try:
+                engine.down(timeout=15.0)
+            except Exception:  # noqa: BLE001 - as much as can be torn down
+                log.exception("tearing down %s after Spark died", name)
+        back = []
+        with self._lock:
+            for name in engines:
+                row = self._store.get(name)
+                if row is None or row.state in (State.DELETED.value, State.DELETING.value):
+                    continue
+                if row.restart:
+                    row.state, row.message = State.CREATING.value, "the control plane's Spark died; starting again"
+                    back.append(name)
+                else:
+                    row.state = State.FAILED.value
+                    row.message = "the control plane's Spark died, and the cluster with it"
+                row.ready_workers = 0
+                row.address = row.client_address = row.dashboard_url = ""
+                self._store.put(row)
+                self._store.add_event(name, row.state, row.message)
+                self._refresh(row)
+        if spark is not None:
+            side_of(spark).discard()
+        return back
+
     def spark_info(self) -> tuple[str, str]:
         """(master, UI URL) of the Spark target; empty while Spark starts."""
         spark = self._spark
         if spark is None:
             return "", ""
-        from raydist.engine.sparkside import side_of
+        from raydist.engine.sides import side_of
 
         side = side_of(spark)
         return side.master, side.ui_url
@@ -135,8 +192,7 @@ class ClusterManager:
 
     def get(self, name: str) -> Any:
         check_name(name, full=True)
-        with self._lock:
-            msg = self._cache.get(name)
+        msg = self._cache.get(name)  # never the writers' lock: reads answer while a write waits on SQLite
         if msg is None:
             raise ClusterNotFoundError(name)
         return msg
@@ -233,28 +289,25 @@ class ClusterManager:
         if page_token:
             page_token = check_name(full_name(page_token), "page_token", full=True)
         size = page_size or 100
-        with self._lock:
-            names = sorted(n for n in self._cache if n > page_token and visible(n))
-            page = [self._cache[n] for n in names[:size]]
+        cache = dict(self._cache)  # a snapshot, without the writers' lock
+        names = sorted(n for n in cache if n > page_token and visible(n))
+        page = [cache[n] for n in names[:size]]
         token = names[size - 1] if len(names) > size else ""
         return page, token
 
     def count(self, visible: Callable[[str], bool] = lambda _name: True) -> int:
-        with self._lock:
-            return sum(1 for name in self._cache if visible(name))
+        return sum(1 for name in dict(self._cache) if visible(name))
 
     def states(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        with self._lock:
-            for msg in self._cache.values():
-                name = self._pb.State.Name(msg.state)
-                out[name] = out.get(name, 0) + 1
+        for msg in list(dict(self._cache).values()):
+            name = self._pb.State.Name(msg.state)
+            out[name] = out.get(name, 0) + 1
         return out
 
     def node_counters(self) -> dict[str, NodeCounters]:
         """Each running cluster's worker-node history (for the metrics)."""
-        with self._lock:
-            engines = dict(self._engines)
+        engines = dict(self._engines)
         return {name: engine.node_counters() for name, engine in engines.items()}
 
     # writes ----------------------------------------------------------------
@@ -314,7 +367,11 @@ class ClusterManager:
     def _start(self, spec: ClusterSpec, row: ClusterRow) -> None:
         def on_event(state: str, message: str) -> None:
             self._store.add_event(spec.name, state, message)
-            self._sync(spec.name)
+            cached = self._cache.get(spec.name)
+            if cached is None or self._pb.State.Name(cached.state) != state:
+                self._sync(spec.name)  # a new state is seen with its event
+            else:
+                self._sync_soon(spec.name)  # node changes: a thousand nodes starting are not a thousand syncs
 
         try:
             # A token of its own: a user of one cluster cannot reach another.
@@ -329,6 +386,29 @@ class ClusterManager:
             self._fail(spec.name, str(exc))
             return
         self._sync(spec.name)
+
+    def _sync_soon(self, name: str) -> None:
+        """Sync ``name`` within :data:`_SYNC_S` (many calls, one sync)."""
+        with self._dirty_cond:
+            self._dirty.add(name)
+            if self._syncer is None:
+                self._syncer = threading.Thread(target=self._sync_dirty, name="raydist-sync", daemon=True)
+                self._syncer.start()
+            self._dirty_cond.notify()
+
+    def _sync_dirty(self) -> None:
+        while True:
+            with self._dirty_cond:
+                while not self._dirty:
+                    self._dirty_cond.wait()
+            time.sleep(_SYNC_S)
+            with self._dirty_cond:
+                names, self._dirty = self._dirty, set()
+            for name in names:
+                try:
+                    self._sync(name)
+                except Exception:  # noqa: BLE001 - the next change syncs it again
+                    log.exception("syncing cluster %s", name)
 
     def _sync(self, name: str) -> None:
         """Copy an engine's observed status into the store and the cache."""
@@ -379,6 +459,9 @@ class ClusterManager:
     def events_after(self, name: str, after_id: int) -> list[tuple[int, float, str, str]]:
         return self._store.events(name, after_id)
 
+    def last_event_id(self, name: str) -> int:
+        return self._store.last_event_id(name)
+
     # restart and shutdown ---------------------------------------------------
 
     def reconcile(self) -> list[str]:
@@ -386,9 +469,26 @@ class ClusterManager:
         is marked CREATING when its spec asks to come back (returned, for
         :meth:`restart`), else FAILED with the reason; no row is dropped. The
         old server's Ray processes died with it (their supervisors watch it).
-        Store writes only: it does not wait for Spark."""
+        Rows are taken one by one: one that cannot be read, or whose spec the
+        current rules reject (written before a rule was added), is FAILED
+        with the reason, and the rest come back. Store writes only: it does
+        not wait for Spark."""
         restart = []
-        for row in self._store.list(limit=1_000_000):
+        for name, row, why in self._store.scan():
+            try:
+                if row is not None:
+                    ClusterSpec.from_dict(row.spec)  # today's rules
+            except Exception as exc:  # noqa: BLE001 - the reason goes to the row
+                why = f"its spec breaks a rule of this version: {exc}"
+            if row is None or why:
+                message = (f"the control plane could not bring this cluster back: {why}. Delete it "
+                           f"(raydist down {name}) and create it again")[:2000]
+                log.warning("cluster %s: %s", name, message)
+                if row is None or row.state != State.FAILED.value or row.message != message:
+                    self._store.mark_failed(name, message)
+                    self._store.add_event(name, State.FAILED.value, message)
+                self._cache_unreadable(name, message)
+                continue
             if row.state not in (State.DELETED.value, State.FAILED.value):
                 if row.restart:
                     row.state, row.message = State.CREATING.value, "control plane restarted; starting again"
@@ -400,8 +500,17 @@ class ClusterManager:
                 row.address = row.client_address = row.dashboard_url = ""
                 self._store.put(row)
                 self._store.add_event(row.name, row.state, row.message)
+            self._store.prune(row.name)
             self._refresh(row)
         return restart
+
+    def _cache_unreadable(self, name: str, message: str, state: str = "FAILED") -> None:
+        """An entry for a row that cannot be read as a cluster (its name, state and message)."""
+        pb = self._pb
+        with self._lock:
+            self._cache[name] = pb.Cluster(spec=pb.ClusterSpec(name=name), state=pb.State.Value(state),
+                                           message=message, update_time=_ts(time.time()))
+        self._on_change(name)
 
     def restart(self, names: list[str]) -> None:
         """Start again the clusters :meth:`reconcile` marked (in the
@@ -476,10 +585,24 @@ class ClusterManager:
 
     # cache -------------------------------------------------------------------
 
+    def _node_messages(self, name: str) -> list[Any]:
+        """``name``'s nodes as protos, built again only for the nodes that changed."""
+        before = self._node_protos.get(name, {})
+        now: dict[str, tuple[NodeStatus, Any]] = {}
+        for node in self._nodes.get(name, ()):
+            seen = before.get(node.key)
+            now[node.key] = seen if seen is not None and seen[0] == node else (node, _node_proto(self._pb, node))
+        self._node_protos[name] = now
+        return [msg for _, msg in now.values()]
+
     def _refresh(self, row: ClusterRow) -> None:
         pb = self._pb
         live = row.state in (State.CREATING.value, State.RUNNING.value, State.DEGRADED.value)
-        spec = ClusterSpec.from_dict(row.spec)
+        try:
+            spec = ClusterSpec.from_dict(row.spec)
+        except Exception:  # noqa: BLE001 - a row today's rules reject (reconcile FAILED it): its name alone
+            self._cache_unreadable(row.name, row.message, row.state)
+            return
         spec_msg = spec_to_proto(spec)
         spec_msg.restart_on_server_restart = row.restart
         msg = pb.Cluster(
@@ -495,7 +618,7 @@ class ClusterManager:
             message=row.message,
             gpus=spec.total_gpus,
             idle_workers=self._idle.get(row.name, 0) if live else 0,
-            nodes=[_node_proto(pb, n) for n in self._nodes.get(row.name, ())] if live else [],
+            nodes=self._node_messages(row.name) if live else [],
         )
         with self._lock:
             self._cache[row.name] = msg

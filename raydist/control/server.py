@@ -9,6 +9,8 @@ graceful shutdown on SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import gc
 import json
 import logging
@@ -18,6 +20,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -171,15 +174,38 @@ class ClusterService(rpc.ClusterServiceServicer):
         self.m = manager
         self.metrics = metrics
         self.changed = changed
+        # Nothing that may block runs on the event loop (health checks and
+        # reads answer from it), and each kind of blocking work has a bounded
+        # pool of its own: slow calls (a create waits for Spark, a delete for
+        # a teardown, logs for a node) cannot starve the quick writes, nor
+        # either of them the Watch streams' reads.
+        self.slow = ThreadPoolExecutor(16, thread_name_prefix="raydist-rpc-slow")
+        self.quick = ThreadPoolExecutor(8, thread_name_prefix="raydist-rpc")
+        self.watch = ThreadPoolExecutor(8, thread_name_prefix="raydist-watch")
+
+    def close(self) -> None:
+        for pool in (self.slow, self.quick, self.watch):
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    @staticmethod
+    async def _off_loop(pool: ThreadPoolExecutor, fn: Callable[[], Any]) -> Any:
+        """``fn`` on ``pool``, in this call's context (its caller)."""
+        ctx = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(pool, ctx.run, fn)
 
     async def _call(self, name: str, context: grpc.aio.ServicerContext, fn: Callable[[], Any],
-                    blocking: bool = False, cluster: str = "") -> Any:
-        """Run ``fn`` as the RPC ``name``; ``cluster``: the cluster the request
-        names, as its caller names it (for the error's message)."""
+                    blocking: bool = False, cluster: str = "", slow: bool = False) -> Any:
+        """Run ``fn`` as the RPC ``name``: on the event loop (it only reads
+        memory), or ``blocking`` (it writes the store) on the quick pool, or
+        ``slow`` (it waits on Spark or nodes) on the slow one. ``cluster``:
+        the cluster the request names, as its caller names it (for the
+        error's message)."""
         start = time.perf_counter()
         code = "OK"
         try:
-            return await asyncio.to_thread(fn) if blocking else fn()
+            if slow or blocking:
+                return await self._off_loop(self.slow if slow else self.quick, fn)
+            return fn()
         except RaydistError as exc:
             code = code_for(exc).name
             await context.abort(code_for(exc), self._said(exc, cluster))
@@ -225,7 +251,7 @@ class ClusterService(rpc.ClusterServiceServicer):
             return self._as_seen(caller, self.m.create(spec, request.request_id, validate_only=request.validate_only,
                                                        who=caller.describe()))
 
-        return await self._call("CreateCluster", context, create, blocking=True, cluster=request.spec.name)
+        return await self._call("CreateCluster", context, create, slow=True, cluster=request.spec.name)
 
     async def GetCluster(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         caller = current_caller()
@@ -247,7 +273,7 @@ class ClusterService(rpc.ClusterServiceServicer):
     async def DeleteCluster(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         caller = current_caller()
         return await self._call("DeleteCluster", context, lambda: self._as_seen(caller, self.m.delete(
-            caller.scoped(request.name), request.allow_missing, who=caller.describe())), blocking=True,
+            caller.scoped(request.name), request.allow_missing, who=caller.describe())), slow=True,
             cluster=request.name)
 
     async def UpdateCluster(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
@@ -259,7 +285,7 @@ class ClusterService(rpc.ClusterServiceServicer):
             spec.name = caller.scoped(request.spec.name, "spec.name")
             return self._as_seen(caller, self.m.update(spec, list(request.update_mask.paths), who=caller.describe()))
 
-        return await self._call("UpdateCluster", context, update, blocking=True, cluster=request.spec.name)
+        return await self._call("UpdateCluster", context, update, slow=True, cluster=request.spec.name)
 
     async def GetClusterCredentials(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         caller = current_caller()
@@ -270,7 +296,8 @@ class ClusterService(rpc.ClusterServiceServicer):
             found.name = caller.shown(found.name)
             return found
 
-        return await self._call("GetClusterCredentials", context, credentials, cluster=request.name)
+        # It writes an event (who asked): never on the event loop.
+        return await self._call("GetClusterCredentials", context, credentials, blocking=True, cluster=request.name)
 
     async def GetNodeLogs(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         caller = current_caller()
@@ -283,7 +310,7 @@ class ClusterService(rpc.ClusterServiceServicer):
             found.name = caller.shown(found.name)
             return found
 
-        return await self._call("GetNodeLogs", context, logs, blocking=True, cluster=request.name)
+        return await self._call("GetNodeLogs", context, logs, slow=True, cluster=request.name)
 
     async def GetServerInfo(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         caller = current_caller()
@@ -305,8 +332,11 @@ class ClusterService(rpc.ClusterServiceServicer):
             await context.abort(code_for(exc), self._said(exc, request.name))
             return
         self.metrics.count("WatchCluster", "OK")
-        events = await asyncio.to_thread(self.m.events_after, full, 0)
-        last = events[-1][0] if events else 0
+        if request.history:
+            events = await self._off_loop(self.watch, lambda: self.m.events_after(full, 0))
+            last = events[-1][0] if events else 0
+        else:
+            events, last = [], await self._off_loop(self.watch, lambda: self.m.last_event_id(full))
         if request.history and events:
             for _, when, state, message in events:
                 yield pb.ClusterEvent(name=request.name, state=pb.State.Value(state), message=message,
@@ -322,7 +352,7 @@ class ClusterService(rpc.ClusterServiceServicer):
                     await asyncio.wait_for(self.changed.wait(), timeout=1.0)
                 except TimeoutError:
                     pass
-            new = await asyncio.to_thread(self.m.events_after, full, last)
+            new = await self._off_loop(self.watch, functools.partial(self.m.events_after, full, last))
             if not new:
                 continue
             cluster = self._as_seen(caller, self.m.get(full))
@@ -334,10 +364,28 @@ class ClusterService(rpc.ClusterServiceServicer):
                     return
 
 
-def _start_spark(manager: ClusterManager, on_state: Callable[[bool, str], None], stop: threading.Event) -> None:
+#: How often the server asks whether its SparkContext still runs.
+SPARK_CHECK_S = 2.0
+
+
+def _keep_spark(manager: ClusterManager, on_state: Callable[[bool, str], None], stop: threading.Event) -> None:
+    """Start the server's Spark, then watch it: when it dies (its JVM was
+    killed, it stopped itself) the service answers NOT_SERVING, the clusters
+    that ran on it are torn down, a new session is built, and the clusters
+    that ask to come back start again on it."""
     manager.start_spark(on_state, stop)
     if not manager.spark_error:
         _freeze_heap()
+    while not stop.wait(SPARK_CHECK_S):
+        if manager.spark_alive():
+            continue
+        log.error("the control plane's SparkContext died; tearing its clusters down and starting a new one")
+        on_state(False, "its SparkContext died")
+        back = manager.spark_died()
+        manager.start_spark(on_state, stop)
+        if back and not stop.is_set():
+            log.info("starting again on the new SparkContext: %s", ", ".join(back))
+            manager.restart(back)
 
 
 def _freeze_heap() -> None:
@@ -365,7 +413,8 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
 
     state_dir = home()
     home_lock = hold_home(state_dir)  # one control plane per home, held until this process ends
-    store = Store(state_dir / "state.db")
+    store = Store.open(state_dir / "state.db", events_keep=config.events_keep,
+                       events_max_age_s=config.events_max_age_s)
     def spark() -> Any:
         if config.spark_remote:
             return connect_session(config.spark_remote, config.spark_conf)
@@ -394,7 +443,7 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
         status = health_pb2.HealthCheckResponse.SERVING if running else health_pb2.HealthCheckResponse.NOT_SERVING
         loop.call_soon_threadsafe(lambda: asyncio.ensure_future(health_servicer.set(service_name, status)))
 
-    threading.Thread(target=_start_spark, args=(manager, on_spark, spark_stop), name="raydist-spark-start",
+    threading.Thread(target=_keep_spark, args=(manager, on_spark, spark_stop), name="raydist-spark",
                      daemon=True).start()
     # Before serving, the store tells the truth (store writes only); the
     # clusters that come back start once the server serves.
@@ -459,6 +508,7 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
     await health_servicer.enter_graceful_shutdown()
     gauge_task.cancel()
     await server.stop(config.grace_s)
+    service.close()
     await asyncio.to_thread(manager.shutdown)
     try:
         current = json.loads((state_dir / SERVER_FILE).read_text())

@@ -8,6 +8,7 @@ waits on the cluster engine.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -21,6 +22,8 @@ from typing import Any
 from raydist.paths import narrow
 
 __all__ = ["Store", "ClusterRow"]
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS clusters (
@@ -69,9 +72,41 @@ class ClusterRow:
     owner: str = ""
 
 
+#: Events kept per cluster, and for how long (``raydist serve``'s
+#: ``events_keep`` and ``events_max_age_s`` change them).
+EVENTS_KEEP = 1000
+EVENTS_MAX_AGE_S = 7 * 24 * 3600.0
+#: A cluster's events are pruned after this many more were added.
+_PRUNE_EVERY = 50
+
+
 class Store:
-    def __init__(self, path: Path) -> None:
+    """Clusters and their events. ``events_keep`` and ``events_max_age_s``
+    bound each cluster's events: older ones are dropped as new ones come."""
+
+    @classmethod
+    def open(cls, path: Path, **retention: Any) -> Store:
+        """The store at ``path``; a file that is not a SQLite database (a
+        disk fault, a truncated copy) is kept aside, named in the log, and a
+        new store started: a control plane that cannot read its past still
+        serves (its clusters' processes died with the last one anyway)."""
+        try:
+            return cls(path, **retention)
+        except sqlite3.DatabaseError as exc:
+            kept = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+            for each in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+                if each.exists():
+                    each.rename(kept.with_name(kept.name + each.name[len(path.name):]))
+            log.error("the control plane's store %s could not be read (%s); kept it as %s and started a new one",
+                      path, exc, kept)
+            return cls(path, **retention)
+
+    def __init__(self, path: Path, *, events_keep: int = EVENTS_KEEP,
+                 events_max_age_s: float = EVENTS_MAX_AGE_S) -> None:
         self.path = path
+        self.events_keep = events_keep
+        self.events_max_age_s = events_max_age_s
+        self._added: dict[str, int] = {}  # events added per cluster since its last prune
         path.parent.mkdir(parents=True, exist_ok=True)
         # Rows hold specs (their env values included): this user's only.
         # SQLite gives the -wal and -shm files the database file's mode.
@@ -79,6 +114,7 @@ class Store:
         for each in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
             narrow(each, 0o600)
         self._local = threading.local()
+        self._prune_lock = threading.Lock()
         with self._db() as db:
             db.executescript(_SCHEMA)
             columns = {r["name"] for r in db.execute("PRAGMA table_info(clusters)")}
@@ -116,9 +152,16 @@ class Store:
             )
 
     def get(self, name: str) -> ClusterRow | None:
+        """The row of ``name``; a row that cannot be read comes back FAILED,
+        with no spec, so that it can still be seen and deleted."""
         with self._db() as db:
             r = db.execute("SELECT * FROM clusters WHERE name = ?", (name,)).fetchone()
-        return self._row(r) if r else None
+        if r is None:
+            return None
+        try:
+            return self._row(r)
+        except Exception as exc:  # noqa: BLE001 - see Store.scan
+            return ClusterRow(name=name, spec={}, state="FAILED", message=f"this row cannot be read: {exc}"[:300])
 
     def list(self, after: str = "", limit: int = 100) -> list[ClusterRow]:
         with self._db() as db:
@@ -131,16 +174,58 @@ class Store:
         with self._db() as db:
             db.execute("DELETE FROM clusters WHERE name = ?", (name,))
 
+    def scan(self) -> Iterator[tuple[str, ClusterRow | None, str]]:
+        """Every cluster row as (name, row, "") or, for a row that cannot be
+        read (its spec is not JSON, a column holds nonsense), (name, None, why)."""
+        with self._db() as db:
+            raw = db.execute("SELECT * FROM clusters ORDER BY name").fetchall()
+        for r in raw:
+            try:
+                yield str(r["name"]), self._row(r), ""
+            except Exception as exc:  # noqa: BLE001 - one bad row is reported, the rest still read
+                yield str(r["name"]), None, f"{type(exc).__name__}: {exc}"[:300]
+
+    def mark_failed(self, name: str, message: str) -> None:
+        """Set a row that cannot be read to FAILED with ``message`` (its other columns stay as they are)."""
+        with self._db() as db:
+            db.execute("UPDATE clusters SET state = 'FAILED', message = ?, updated = ? WHERE name = ?",
+                       (message, time.time(), name))
+
     def add_event(self, name: str, state: str, message: str) -> int:
         with self._db() as db:
             cur = db.execute(
                 "INSERT INTO events(name, time, state, message) VALUES (?,?,?,?)", (name, time.time(), state, message)
             )
+        with self._prune_lock:
+            added = self._added[name] = self._added.get(name, 0) + 1
+        if added >= _PRUNE_EVERY:
+            self.prune(name)
         return int(cur.lastrowid or 0)
 
-    def events(self, name: str, after_id: int = 0) -> list[tuple[int, float, str, str]]:
+    def prune(self, name: str) -> None:
+        """Drop ``name``'s events past the newest ``events_keep`` or older than ``events_max_age_s``."""
+        with self._prune_lock:
+            self._added[name] = 0
         with self._db() as db:
-            rows = db.execute(
-                "SELECT id, time, state, message FROM events WHERE name = ? AND id > ? ORDER BY id", (name, after_id)
-            ).fetchall()
+            db.execute(
+                "DELETE FROM events WHERE name = ? AND (time < ? OR id <= (SELECT id FROM events WHERE name = ? "
+                "ORDER BY id DESC LIMIT 1 OFFSET ?))",
+                (name, time.time() - self.events_max_age_s, name, self.events_keep))
+
+    def last_event_id(self, name: str) -> int:
+        with self._db() as db:
+            r = db.execute("SELECT MAX(id) AS id FROM events WHERE name = ?", (name,)).fetchone()
+        return int(r["id"] or 0)
+
+    def events(self, name: str, after_id: int = 0, limit: int = 0) -> list[tuple[int, float, str, str]]:
+        """``name``'s events after ``after_id``, oldest first (the newest ``limit`` when given)."""
+        with self._db() as db:
+            if limit:
+                rows = db.execute(
+                    "SELECT * FROM (SELECT id, time, state, message FROM events WHERE name = ? AND id > ? "
+                    "ORDER BY id DESC LIMIT ?) ORDER BY id", (name, after_id, limit)).fetchall()
+            else:
+                rows = db.execute(
+                    "SELECT id, time, state, message FROM events WHERE name = ? AND id > ? ORDER BY id",
+                    (name, after_id)).fetchall()
         return [(r["id"], r["time"], r["state"], r["message"]) for r in rows]

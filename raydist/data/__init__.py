@@ -23,7 +23,7 @@ from typing import Any
 
 from raydist.data._agent import AGENT_NAMESPACE, BlockAgent, fetch_blocks, send_partitions
 from raydist.engine.connection import process_ray
-from raydist.engine.sparkside import side_of
+from raydist.engine.sides import side_of
 from raydist.errors import DataFormatError, SpecError
 
 __all__ = ["from_spark", "to_spark"]

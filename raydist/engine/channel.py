@@ -16,6 +16,14 @@ channel on the driver. The connection is the cluster's nervous system:
   does each side count the other gone: the driver marks the node lost, the
   supervisor kills its node (the driver died, so nothing may be left running).
 
+One thread serves every connection of a channel, handshakes and links alike
+(non-blocking sockets on one selector), so a cluster of a thousand nodes costs
+the driver one thread, not a thousand. Nothing on it blocks: what the driver
+says to a node goes into that connection's outgoing buffer (bounded: a peer
+that stops reading is dropped, not waited for), and listeners run on it, so
+they must not block either (the cluster's take its lock, which nothing holds
+across a Spark call or a socket send).
+
 Framing and bounds are in :mod:`raydist.engine.wire`. No secret crosses the
 link; proofs are compared in constant time and never logged.
 """
@@ -32,24 +40,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from raydist.engine.limits import raise_open_files
 from raydist.engine.linkauth import NodeKeys, driver_proof, fresh_nonce, node_proof, proven
 from raydist.engine.nodelink import LOG_TAIL_LINES, NodeLink
-from raydist.engine.wire import (
-    HANDSHAKE_S,
-    IDLE_S,
-    RECONNECT_GRACE_S,
-    LineReader,
-    LinkBroken,
-    LinkClosed,
-    enable_keepalive,
-    encode,
-    send,
-)
+from raydist.engine.wire import HANDSHAKE_S, IDLE_S, MAX_LINE, RECONNECT_GRACE_S, enable_keepalive, encode
 
-__all__ = ["NodeChannel", "NodeLink", "send", "LOG_TAIL_LINES"]
+__all__ = ["NodeChannel", "NodeLink", "LOG_TAIL_LINES"]
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +58,7 @@ _HELLO_MAX = 4096
 #: once (a supervisor tries again), so strangers cannot push out a node
 #: that is saying hello.
 _MAX_PENDING = 64
-#: Connections taken from the listen backlog in one round of the handshake thread.
+#: Connections taken from the listen backlog in one round.
 _ACCEPT_BATCH = 256
 #: Of the connections saying hello, from one address: strangers on one host cannot hold every slot.
 #: (Connections this process dialled to a relay are not counted here.)
@@ -68,8 +67,15 @@ _MAX_PENDING_PER_SOURCE = 8
 #: ``wN``): a peer's key names a directory when its logs are kept.
 _NODE_KEY = re.compile(r"(head|w[0-9]{1,9})\Z")
 _NONCE = re.compile(r"[0-9a-f]{32}\Z")
-#: At most one warning about refused connections this often.
+#: At most one warning about refused connections (or a full file table) this often.
 _REFUSALS_LOG_S = 10.0
+#: Bytes a link may have waiting to be sent before its peer counts as stuck
+#: (it stopped reading) and the connection is dropped (it may resume).
+_OUT_MAX = 4 << 20
+#: How often silent links and grace windows are looked at.
+_TICK_S = 0.5
+#: The listen backlog: a thousand supervisors may dial at once.
+_BACKLOG = 1024
 
 
 @dataclass
@@ -85,13 +91,26 @@ class _Pending:
     nonce: str = ""
 
 
+@dataclass
+class _Conn:
+    """An authenticated connection: the link it carries, bytes read and not
+    yet a line, bytes to send, and when its peer was last heard."""
+
+    link: NodeLink
+    sock: socket.socket
+    heard: float
+    buf: bytearray = field(default_factory=bytearray)
+    out: bytearray = field(default_factory=bytearray)
+    writing: bool = False
+
+
 def _listen(host: str, ports: tuple[int, int] | None) -> socket.socket:
     if ports is None:
-        return socket.create_server((host, 0), backlog=64)
+        return socket.create_server((host, 0), backlog=_BACKLOG)
     low, high = ports
     for port in range(low, high + 1):
         try:
-            return socket.create_server((host, port), backlog=64)
+            return socket.create_server((host, port), backlog=_BACKLOG)
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 raise
@@ -107,13 +126,12 @@ Listener = Callable[[str, NodeLink], None]
 class NodeChannel:
     """Driver-side server that every supervisor of one cluster connects to.
 
-    One thread runs every connection's handshake (non-blocking, at most
-    ``_HELLO_MAX`` bytes a line, all within ``handshake_s``); only a
-    connection that proves a node key ``keys`` issued gets a thread of its own. A link that breaks
-    without its node saying ``stopped`` is reported ``closed`` only if the
-    supervisor does not resume it within ``grace_s``. It listens on a free
-    port, or on the first free one of ``ports`` (low, high: a range a
-    firewall rule names).
+    Handshakes are bounded (at most ``_HELLO_MAX`` bytes a line, all within
+    ``handshake_s``); only a connection that proves a node key ``keys``
+    issued becomes a link. A link that breaks without its node saying
+    ``stopped`` is reported ``closed`` only if the supervisor does not resume
+    it within ``grace_s``. It listens on a free port, or on the first free
+    one of ``ports`` (low, high: a range a firewall rule names).
     """
 
     def __init__(
@@ -127,6 +145,7 @@ class NodeChannel:
         handshake_s: float = HANDSHAKE_S,
         ports: tuple[int, int] | None = None,
     ) -> None:
+        raise_open_files()
         self._keys = keys
         self._listener = listener
         self._grace_s = grace_s
@@ -136,17 +155,23 @@ class NodeChannel:
         self._server.setblocking(False)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
         self._adopted: deque[socket.socket] = deque()  # connections dialled out to a relay, to say hello
         self.host = host
         self.port: int = self._server.getsockname()[1]
         self._links: dict[str, NodeLink] = {}
-        self._lock = threading.Lock()
-        self._resumed = threading.Condition(self._lock)
+        self._lock = threading.Lock()  # guards _links, _conns, each _Conn's out and the want sets
+        self._conns: dict[socket.socket, _Conn] = {}
+        self._want_write: set[socket.socket] = set()
+        self._stuck: set[socket.socket] = set()
+        self._grace: dict[str, tuple[NodeLink, socket.socket, float]] = {}  # loop thread's alone
         self._closing = False
-        self._refused = 0  # refusals not logged yet (the handshake thread's alone)
+        self._refused = 0  # refusals not logged yet (the loop thread's alone)
         self._refusal_logged = -_REFUSALS_LOG_S
+        self._accept_paused_until = 0.0
+        self._accept_backoff = 0.0
         self._stopped = False  # after stop_all(): every node, also one that says hello later, is told to stop
-        self._thread = threading.Thread(target=self._handshakes, name=f"raydist-channel-{self.port}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"raydist-channel-{self.port}", daemon=True)
         self._thread.start()
 
     @property
@@ -162,9 +187,7 @@ class NodeChannel:
         :mod:`raydist.engine.relay`) as if the supervisor at its far end had
         connected here: its hello is read and checked the same way."""
         self._adopted.append(conn)
-        try:
-            self._wake_w.send(b"a")
-        except OSError:
+        if not self._wake():
             conn.close()  # the channel is closed
 
     def stop_all(self, *, hard: bool = False) -> None:
@@ -173,134 +196,207 @@ class NodeChannel:
         with self._lock:
             self._stopped = True
             links = list(self._links.values())
-            self._resumed.notify_all()  # a broken link is not waited for any more
         for link in links:
             link.stop(hard=hard)
+        self._wake()  # a broken link is not waited for any more
 
     def close(self) -> None:
-        """Stop accepting and drop every connection (supervisors then stop their nodes)."""
+        """Stop accepting and drop every connection (supervisors then stop
+        their nodes); every link not closed yet is reported ``closed``."""
         with self._lock:
             self._closing = True
-            self._resumed.notify_all()
+        self._wake()
+        if self._thread is not threading.current_thread():
+            self._thread.join(10)
+
+    # sending (any thread) -----------------------------------------------------
+
+    def _post(self, link: NodeLink, data: bytes) -> bool:
+        """Queue ``data`` on ``link``'s connection; never blocks. False when
+        the link has no connection now (what was said is lost, as on a
+        broken link)."""
+        with self._lock:
+            conn = self._conns.get(link._sock) if link._sock is not None else None
+            if conn is None or conn.sock in self._stuck:
+                return False
+            if not conn.out:
+                try:
+                    data = data[conn.sock.send(data):]
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    return False  # the loop sees the broken connection on its next read
+            if not data:
+                return True
+            conn.out += data
+            if len(conn.out) > _OUT_MAX:
+                self._stuck.add(conn.sock)
+            elif conn.writing:
+                return True
+            elif threading.current_thread() is self._thread:
+                conn.writing = True
+                self._sel.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+                return True
+            else:
+                self._want_write.add(conn.sock)
+        self._wake()
+        return True
+
+    def _wake(self) -> bool:
         try:
             self._wake_w.send(b"x")
+        except BlockingIOError:
+            pass  # a wake-up is pending already
         except OSError:
-            pass
-        for link in self.links().values():
-            if link._sock is not None:
-                try:
-                    link._sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            return False
+        return True
 
-    # internals: the handshake thread ------------------------------------------
+    # the loop -------------------------------------------------------------------
 
-    def _handshakes(self) -> None:
-        sel = selectors.DefaultSelector()
-        sel.register(self._server, selectors.EVENT_READ)
-        sel.register(self._wake_r, selectors.EVENT_READ)
+    def _run(self) -> None:
+        self._sel = sel = selectors.DefaultSelector()
+        sel.register(self._server, selectors.EVENT_READ, "server")
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         pending: dict[socket.socket, _Pending] = {}
-
-        def forget(conn: socket.socket) -> None:
-            pending.pop(conn, None)
-            sel.unregister(conn)
-
-        def drop(conn: socket.socket) -> None:
-            forget(conn)
-            conn.close()
-
-        def room_for(source: str | None) -> bool:
-            if len(pending) >= _MAX_PENDING:
-                return False
-            return source is None or sum(1 for p in pending.values() if p.source == source) < _MAX_PENDING_PER_SOURCE
-
+        next_tick = time.monotonic() + _TICK_S
         try:
             while not self._closing:
                 now = time.monotonic()
                 for conn in [c for c, p in pending.items() if p.deadline <= now]:
-                    drop(conn)
-                timeout = min((p.deadline for p in pending.values()), default=now + 1.0) - now
-                for key, _ in sel.select(max(0.0, timeout)):
-                    sock = key.fileobj
+                    self._forget(pending, conn, close=True)
+                if self._accept_paused_until and now >= self._accept_paused_until:
+                    self._accept_paused_until = 0.0
+                    sel.register(self._server, selectors.EVENT_READ, "server")
+                wake_at = min([next_tick, *(p.deadline for p in pending.values())]
+                              + ([self._accept_paused_until] if self._accept_paused_until else []))
+                for key, mask in sel.select(max(0.0, wake_at - now)):
                     if self._closing:
-                        continue
-                    new: list[tuple[socket.socket, str | None]] = []
-                    if sock is self._wake_r:
-                        try:
-                            while self._wake_r.recv(4096):
-                                pass
-                        except OSError:
-                            pass
-                        while self._adopted:
-                            new.append((self._adopted.popleft(), None))
-                    elif sock is self._server:
-                        # Every connection queued (up to a bound), so that a
-                        # flood cannot fill the listen backlog under a node.
-                        for _ in range(_ACCEPT_BATCH):
-                            try:
-                                conn, peer = self._server.accept()
-                            except BlockingIOError:
-                                break
-                            except OSError:
-                                time.sleep(0.05)  # out of file descriptors, say: back off, do not spin
-                                break
-                            new.append((conn, str(peer[0])))
-                    for conn, source in new:
-                        if not room_for(source):
-                            conn.close()  # full: refused, not one saying hello pushed out
-                            continue
-                        conn.setblocking(False)
-                        pending[conn] = _Pending(bytearray(), time.monotonic() + self._handshake_s, source)
-                        sel.register(conn, selectors.EVENT_READ)
-                    if sock is self._wake_r or sock is self._server:
-                        continue
-                    assert isinstance(sock, socket.socket)
-                    state = pending.get(sock)
-                    if state is None:
-                        continue  # dropped earlier in this round
-                    try:
-                        chunk = sock.recv(_HELLO_MAX)
-                    except BlockingIOError:
-                        continue
-                    except OSError:
-                        chunk = b""
-                    state.buf += chunk
-                    if not chunk:
-                        drop(sock)
-                        continue
-                    while True:  # every whole line in: a hello and its proof may come in one read
-                        end = state.buf.find(b"\n")
-                        if (end < 0 and len(state.buf) > _HELLO_MAX) or end > _HELLO_MAX:
-                            drop(sock)
-                            break
-                        if end < 0:
-                            break
-                        line, state.buf = bytes(state.buf[:end]), state.buf[end + 1:]
-                        try:
-                            done = self._step(sock, state, line)
-                        except Exception:  # noqa: BLE001 - one bad connection must not stop the handshakes
-                            log.exception("node connection failed in its handshake")
-                            done = True
-                            sock.close()
-                        if done:
-                            forget(sock)
-                            break
+                        break
+                    what = key.data
+                    if what == "wake":
+                        self._on_wake(pending)
+                    elif what == "server":
+                        self._accept(pending)
+                    elif what == "pending":
+                        self._read_pending(pending, key.fileobj)  # type: ignore[arg-type]
+                    elif isinstance(what, _Conn):
+                        if mask & selectors.EVENT_WRITE:
+                            self._flush(what)
+                        if mask & selectors.EVENT_READ and what.sock in self._conns:
+                            self._read(what)
+                if time.monotonic() >= next_tick:
+                    next_tick = time.monotonic() + _TICK_S
+                    self._tick()
+        except Exception:  # noqa: BLE001 - say why the node links ended; the finally still reports them
+            log.exception("the node channel on port %d stopped", self.port)
         finally:
-            for conn in list(pending):
-                drop(conn)
-            while self._adopted:
-                self._adopted.popleft().close()
-            sel.close()
-            for s in (self._server, self._wake_r, self._wake_w):
-                try:
-                    s.close()
-                except OSError:
-                    pass
+            self._shut(pending)
+
+    def _on_wake(self, pending: dict[socket.socket, _Pending]) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except OSError:
+            pass
+        while self._adopted:
+            self._take(pending, self._adopted.popleft(), None)
+        with self._lock:
+            stuck, self._stuck = self._stuck, set()
+            want, self._want_write = self._want_write, set()
+            for sock in want - stuck:
+                conn = self._conns.get(sock)
+                if conn is not None and not conn.writing and conn.out:
+                    conn.writing = True
+                    self._sel.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+        for sock in stuck:
+            if (conn := self._conns.get(sock)) is not None:
+                log.warning("node %s stopped reading its link (%d bytes waiting): dropping the connection",
+                            conn.link.key, len(conn.out))
+                self._broken(conn, by_peer=False)
+        if self._stopped:
+            self._tick()  # broken links are not waited for any more
+
+    def _accept(self, pending: dict[socket.socket, _Pending]) -> None:
+        # Every connection queued (up to a bound), so that a flood cannot
+        # fill the listen backlog under a node.
+        for _ in range(_ACCEPT_BATCH):
+            try:
+                conn, peer = self._server.accept()
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self._pause_accepting(exc)
+                break
+            self._accept_backoff = 0.0
+            self._take(pending, conn, str(peer[0]))
+
+    def _pause_accepting(self, exc: OSError) -> None:
+        """Out of file descriptors: stop accepting for a while (0.1 s, doubling
+        to 5 s) instead of waking on a listener that stays readable."""
+        self._accept_backoff = min(5.0, max(0.1, self._accept_backoff * 2))
+        self._accept_paused_until = time.monotonic() + self._accept_backoff
+        self._sel.unregister(self._server)
+        now = time.monotonic()
+        if now - self._refusal_logged >= _REFUSALS_LOG_S:
+            self._refusal_logged = now
+            log.warning("node channel on port %d cannot accept (%s); pausing %.1f s. Raise the open-file limit "
+                        "(ulimit -n) of the driver", self.port, exc.strerror, self._accept_backoff)
+
+    def _take(self, pending: dict[socket.socket, _Pending], conn: socket.socket, source: str | None) -> None:
+        full = len(pending) >= _MAX_PENDING or (
+            source is not None and sum(1 for p in pending.values() if p.source == source) >= _MAX_PENDING_PER_SOURCE)
+        if full or self._closing:
+            conn.close()  # full: refused, not one saying hello pushed out
+            return
+        conn.setblocking(False)
+        pending[conn] = _Pending(bytearray(), time.monotonic() + self._handshake_s, source)
+        self._sel.register(conn, selectors.EVENT_READ, "pending")
+
+    def _forget(self, pending: dict[socket.socket, _Pending], conn: socket.socket, *, close: bool) -> None:
+        if pending.pop(conn, None) is not None:
+            self._sel.unregister(conn)
+        if close:
+            conn.close()
+
+    def _read_pending(self, pending: dict[socket.socket, _Pending], sock: socket.socket) -> None:
+        state = pending.get(sock)
+        if state is None:
+            return
+        try:
+            chunk = sock.recv(_HELLO_MAX)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._forget(pending, sock, close=True)
+            return
+        state.buf += chunk
+        while True:  # every whole line in: a hello and its proof may come in one read
+            end = state.buf.find(b"\n")
+            if (end < 0 and len(state.buf) > _HELLO_MAX) or end > _HELLO_MAX:
+                self._forget(pending, sock, close=True)
+                return
+            if end < 0:
+                return
+            line, state.buf = bytes(state.buf[:end]), state.buf[end + 1:]
+            try:
+                done = self._step(sock, state, line)
+            except Exception:  # noqa: BLE001 - one bad connection must not stop the others
+                log.exception("node connection failed in its handshake")
+                self._forget(pending, sock, close=True)
+                return
+            if done:
+                self._forget(pending, sock, close=False)
+                if state.hello is not None and state.nonce == "":  # proven: a link now
+                    self._admit(sock, state.hello, bytes(state.buf))
+                return
 
     def _step(self, conn: socket.socket, state: _Pending, line: bytes) -> bool:
         """Take one line of ``conn``'s handshake: a hello (answered with the
-        challenge) or the proof (answered with a welcome, and the link then
-        has a thread of its own). True when the handshake is over, either way."""
+        challenge) or the proof (answered with a welcome once admitted). True
+        when the handshake is over; a proven one leaves ``state.nonce`` empty."""
         try:
             msg = json.loads(line)
         except ValueError:
@@ -321,14 +417,15 @@ class NodeChannel:
                 conn.send(encode(challenge))  # a few hundred bytes into an empty socket buffer
             except OSError:
                 conn.close()
+                state.hello = None
                 return True
             return False
         if msg.get("type") != "proof" or not proven(node_proof(state.node_secret, state.hello, state.nonce),
                                                      msg.get("proof")):
-            return self._refuse(conn, f"that could not prove node key {state.hello.get('key')}")
-        conn.setblocking(True)
-        threading.Thread(target=self._serve, args=(conn, state.hello, bytes(state.buf)), daemon=True,
-                         name=f"raydist-channel-{state.hello.get('key')}").start()
+            why = f"that could not prove node key {state.hello.get('key')}"
+            state.hello = None
+            return self._refuse(conn, why)
+        state.nonce = ""
         return True
 
     def _refuse(self, conn: socket.socket, why: str) -> bool:
@@ -347,94 +444,115 @@ class NodeChannel:
         conn.close()
         return True
 
-    # internals: one thread per authenticated link -----------------------------
+    # links --------------------------------------------------------------------
 
-    def _attach(self, conn: socket.socket, hello: dict[str, Any]) -> tuple[NodeLink, bool, bool]:
-        """The link this hello speaks for (a new one, or the one it resumes)."""
+    def _admit(self, sock: socket.socket, hello: dict[str, Any], rest: bytes) -> None:
+        """A proven connection becomes its node's link (a new one, or the one it resumes)."""
+        try:
+            enable_keepalive(sock)
+        except OSError:
+            sock.close()
+            return
         key = str(hello.get("key"))
         incarnation = str(hello.get("incarnation", ""))
+        replaced: NodeLink | None = None
         with self._lock:
             old = self._links.get(key)
             late = self._stopped or self._closing
-            if (hello.get("resume") and old is not None and incarnation and old.incarnation == incarnation
-                    and not old.closed.is_set()):
-                stale, old._sock = old._sock, conn
-                self._resumed.notify_all()
-                if stale is not None and stale is not conn:
-                    try:
-                        stale.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-                return old, True, late
-            link = NodeLink(key=key, host=str(hello.get("host", "")), pid=int(hello.get("pid", 0) or 0),
-                            incarnation=incarnation, _sock=conn)
-            if hello.get("resume"):
-                return link, False, late  # not kept: _serve tells it to stop
-            self._links[key] = link
-        if old is not None and old._sock is not None:
-            # A resubmitted node replaces a stale connection of the same slot.
-            old.stop()
-        return link, False, late
-
-    def _serve(self, conn: socket.socket, hello: dict[str, Any], rest: bytes) -> None:
-        enable_keepalive(conn)
-        conn.settimeout(self._idle_s)
-        link, resumed, late = self._attach(conn, hello)
-        send(conn, link._lock, {"type": "welcome"})
+            resumed = bool(hello.get("resume") and old is not None and incarnation
+                           and old.incarnation == incarnation and not old.closed.is_set())
+            if resumed:
+                assert old is not None
+                link, stale = old, old._sock
+                link._sock = sock
+                self._grace.pop(key, None)
+            else:
+                link = NodeLink(key=key, host=str(hello.get("host", "")), pid=int(hello.get("pid", 0) or 0),
+                                incarnation=incarnation, _sock=sock, _post=self._post)
+                stale = None
+                if not hello.get("resume"):
+                    self._links[key] = link
+                    if old is not None and old._sock is not None:
+                        replaced = old  # a resubmitted node replaces a stale connection of the same slot
+            conn = _Conn(link, sock, time.monotonic(), bytearray(rest))
+            self._conns[sock] = conn
+        self._sel.register(sock, selectors.EVENT_READ, conn)
+        if stale is not None and stale is not sock and (gone := self._conns.get(stale)) is not None:
+            self._drop(gone)  # the connection it resumed from, still open here
+        link.tell({"type": "welcome"})
+        if replaced is not None:
+            replaced.stop()
         if late:
             # The cluster is going away: a supervisor that connects now (its
             # task started late, on a loaded host) stops its node at once
             # instead of running one nobody will stop.
             link.stop()
         if resumed:
-            log.info("node %s resumed its link", link.key)
+            log.info("node %s resumed its link", key)
         elif hello.get("resume"):
             # The driver gave up on this node already (its grace ran out
             # here first, or the node was replaced): it must not come back.
-            send(conn, link._lock, {"cmd": "stop"})
-            conn.close()
+            link.tell({"cmd": "stop"})
+            self._flush(conn)
+            self._drop(conn)
             return
         else:
-            self._listener("hello", link)
-        reader = LineReader(conn, idle_s=self._idle_s, initial=rest)
-        closed_by_peer = False
+            self._emit("hello", link)
+        self._lines(conn)
+
+    def _read(self, conn: _Conn) -> None:
         try:
-            while True:
-                self._handle(link, conn, reader.read())
-        except LinkBroken as exc:
+            chunk = conn.sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            log.debug("node %s: link ended: %s", conn.link.key, exc)
+            self._broken(conn, by_peer=False)
+            return
+        if not chunk:
             # A peer that closed its end is gone (its process died: the
             # kernel closed the socket); a silent or reset link may come back.
-            closed_by_peer = isinstance(exc, LinkClosed)
-            log.debug("node %s: link ended: %s", link.key, exc)
-        finally:
-            try:
-                conn.close()
-            except OSError:
-                pass
-        with self._lock:
-            resumed_elsewhere = link._sock is not conn
-        if resumed_elsewhere:
+            self._broken(conn, by_peer=True)
             return
-        if closed_by_peer or not self._wait_resume(link, conn):
-            link.closed.set()
-            self._listener("closed", link)
+        conn.heard = time.monotonic()
+        conn.buf += chunk
+        self._lines(conn)
 
-    def _handle(self, link: NodeLink, conn: socket.socket, msg: dict[str, Any]) -> None:
+    def _lines(self, conn: _Conn) -> None:
+        while conn.sock in self._conns:
+            end = conn.buf.find(b"\n")
+            if end < 0:
+                if len(conn.buf) > MAX_LINE:
+                    log.debug("node %s: a line longer than %d bytes", conn.link.key, MAX_LINE)
+                    self._broken(conn, by_peer=False)
+                return
+            line = bytes(conn.buf[:end])
+            del conn.buf[: end + 1]
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                msg = None
+            if not isinstance(msg, dict):
+                self._broken(conn, by_peer=False)
+                return
+            self._handle(conn.link, msg)
+
+    def _handle(self, link: NodeLink, msg: dict[str, Any]) -> None:
         kind = msg.get("type")
         if kind == "ping":
-            send(conn, link._lock, {"type": "pong"})
+            link.tell({"type": "pong"})
         elif kind == "log":
             link.log_tail.append(str(msg.get("line", "")))
-            self._listener("log", link)
+            self._emit("log", link)
         elif kind == "started":
             link.started = True
             link.node_ip = str(msg.get("node_ip", ""))
             info = msg.get("info", {})
             link.info = dict(info) if isinstance(info, dict) else {}
-            self._listener("started", link)
+            self._emit("started", link)
         elif kind == "demand":
             link.demand = msg
-            self._listener("demand", link)
+            self._emit("demand", link)
         elif kind == "logs":
             link._on_logs(msg)
         elif kind == "stopped":
@@ -443,19 +561,86 @@ class NodeChannel:
             link.exit_code = code if isinstance(code, int) else None
             for tail_line in msg.get("log_tail", []) or []:
                 link.log_tail.append(str(tail_line))
-            self._listener("stopped", link)
+            self._emit("stopped", link)
 
-    def _wait_resume(self, link: NodeLink, conn: socket.socket) -> bool:
-        """After ``conn`` broke: True when the link went on (or goes on within
-        the grace window) over another connection of the same supervisor."""
-        deadline = time.monotonic() + self._grace_s
+    def _emit(self, event: str, link: NodeLink) -> None:
+        try:
+            self._listener(event, link)
+        except Exception:  # noqa: BLE001 - a listener's bug must not end every node's link
+            log.exception("node %s: the %s event's listener failed", link.key, event)
+
+    def _flush(self, conn: _Conn) -> None:
         with self._lock:
-            if link._sock is conn and not (link.stopped or self._stopped or self._closing):
-                log.info("node %s: link broken; waiting %g s for its supervisor to reconnect", link.key,
-                         self._grace_s)
-            while link._sock is conn:
-                left = deadline - time.monotonic()
-                if link.stopped or self._stopped or self._closing or left <= 0:
-                    return False
-                self._resumed.wait(left)
-            return True
+            try:
+                sent = conn.sock.send(conn.out) if conn.out else 0
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                conn.out.clear()
+                sent = 0
+            del conn.out[:sent]
+            if not conn.out and conn.writing and conn.sock in self._conns:
+                conn.writing = False
+                self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
+
+    def _drop(self, conn: _Conn) -> None:
+        """Close ``conn`` without judging its link (it moved elsewhere, or is done)."""
+        with self._lock:
+            self._conns.pop(conn.sock, None)
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+
+    def _broken(self, conn: _Conn, *, by_peer: bool) -> None:
+        self._drop(conn)
+        link = conn.link
+        with self._lock:
+            if link._sock is not conn.sock:
+                return  # resumed over another connection already
+            waiting = not (by_peer or link.stopped or self._stopped or self._closing)
+        if waiting:
+            log.info("node %s: link broken; waiting %g s for its supervisor to reconnect", link.key, self._grace_s)
+            self._grace[link.key] = (link, conn.sock, time.monotonic() + self._grace_s)
+        else:
+            self._closed(link)
+
+    def _closed(self, link: NodeLink) -> None:
+        if not link.closed.is_set():
+            link.closed.set()
+            self._emit("closed", link)
+
+    def _tick(self) -> None:
+        """Silent links count as broken; grace windows that ran out close their links."""
+        now = time.monotonic()
+        for conn in [c for c in list(self._conns.values()) if now - c.heard > self._idle_s]:
+            log.debug("node %s: silent for %g s", conn.link.key, self._idle_s)
+            self._broken(conn, by_peer=False)
+        for key, (link, sock, deadline) in list(self._grace.items()):
+            if link._sock is not sock:
+                self._grace.pop(key, None)  # resumed
+            elif deadline <= now or link.stopped or self._stopped or self._closing:
+                self._grace.pop(key, None)
+                self._closed(link)
+
+    def _shut(self, pending: dict[socket.socket, _Pending]) -> None:
+        for conn in list(pending):
+            self._forget(pending, conn, close=True)
+        while self._adopted:
+            self._adopted.popleft().close()
+        for conn in list(self._conns.values()):
+            self._flush(conn)
+            self._drop(conn)
+            self._closed(conn.link)
+        for link, _, _ in list(self._grace.values()):
+            self._closed(link)
+        self._grace.clear()
+        with self._lock:
+            self._closing = True
+        self._sel.close()
+        for s in (self._server, self._wake_r, self._wake_w):
+            try:
+                s.close()
+            except OSError:
+                pass

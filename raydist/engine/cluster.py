@@ -29,6 +29,7 @@ from raydist.engine import spark as spark_side
 from raydist.engine.auth import RayToken, load_or_create_token
 from raydist.engine.channel import NodeChannel, NodeLink
 from raydist.engine.connection import process_ray
+from raydist.engine.demand import DemandParts
 from raydist.engine.head import Head
 from raydist.engine.launch import HEAD_KEY, HEAD_PORTS, node_plans, route_ip
 from raydist.engine.linkauth import NodeKeys, relay_key
@@ -37,9 +38,10 @@ from raydist.engine.ports import gcs_host, preferred_or_free_port
 from raydist.engine.procs import wait_processes_gone
 from raydist.engine.relay import RelayDialer
 from raydist.engine.scaler import Scaler, elastic
+from raydist.engine.sides import side_of
 from raydist.engine.slot import NodeCounters, WorkerPool, WorkerSlot
 from raydist.engine.spark_jobs import WorkerJobs
-from raydist.engine.sparkside import missing_raydist, side_of
+from raydist.engine.sparkside import missing_raydist
 from raydist.engine.threads import spawn
 from raydist.errors import ClusterFailedError, NodeStartTimeoutError
 from raydist.jobs import Jobs
@@ -120,6 +122,7 @@ class RayCluster:
                                 issue=self._link_keys.issue)
         self._scaler = Scaler(self._pool, start=self._jobs.start, cancel=self._jobs.cancel, record=self._record)
         self._cpus = 0  # CPUs per worker node, once launched
+        self._demand = DemandParts()  # an elastic head's readings, put back together
         # A Connect client may be a laptop the executors cannot reach: its
         # head runs in a Spark task, like the workers, and the node links end
         # there (engine/relay.py); this process only ever dials out.
@@ -343,9 +346,10 @@ class RayCluster:
             for link in channel.links().values():
                 link.closed.wait(max(0.0, deadline - time.monotonic()))
         side_of(self._spark).cancel(group=self._group)
-        for thread in [s.thread for s in self._pool.every()] + [self._head.thread]:
-            if thread is not None and thread is not threading.current_thread():
-                thread.join(max(0.1, deadline - time.monotonic()))
+        self._jobs.close(deadline)
+        thread = self._head.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(max(0.1, deadline - time.monotonic()))
         if channel is not None:
             channel.close()
         if self._dialer is not None:
@@ -418,8 +422,10 @@ class RayCluster:
         if self._head.relay:
             self._dial_relay()  # the workers' plans name the relay: they wait for it
         self._cpus = cpus
-        for slot in self._pool.active():
-            self._jobs.start(slot)
+        with self._lock:
+            for slot in self._pool.active():
+                self._jobs.start(slot)  # once a slot: one resized in before launch is started already
+        self._jobs.begin()
         if elastic(spec) and len(self._pool.active()) < spec.desired_workers:
             self._jobs.warm(cap.executors)  # nodes added later skip Spark's Python worker start
 
@@ -446,6 +452,7 @@ class RayCluster:
     def _on_head_job_end(self, reason: str) -> None:
         """The head's supervisor or Spark job ended: the cluster fails unless
         it is being torn down."""
+        missing = missing_raydist(side_of(self._spark), reason) if self._head.in_task else None  # not under the lock
         with self._lock:
             self._head.job_end = reason
             if self._stopping.is_set() or self._state.terminal:
@@ -454,7 +461,6 @@ class RayCluster:
             self._head.up = False
             where = "Spark task" if self._head.in_task else "node"
             tail = " | ".join(self._head.tail()[-3:])
-            missing = missing_raydist(side_of(self._spark), reason) if self._head.in_task else None
             self._set_state(State.FAILED, missing or f"the head's {where} ended: {reason}"
                             + (f": {tail}" if tail else ""))
         spawn(self.down, name=f"raydist-{self.name}-failed")
@@ -499,6 +505,7 @@ class RayCluster:
 
     def _on_worker_lost(self, slot: WorkerSlot, reason: str) -> bool:
         """A worker's Spark job ended; returns whether to submit it again."""
+        missing = missing_raydist(side_of(self._spark), reason)  # may read a setting: not under the lock
         with self._lock:
             if slot.retired.is_set():
                 slot.up = False
@@ -511,7 +518,7 @@ class RayCluster:
                     self._set_state(State.FAILED, "its SparkSession was stopped")
                     spawn(self.down, name=f"raydist-{self.name}-failed")
                 return False
-            if (missing := missing_raydist(side_of(self._spark), reason)) is not None:
+            if missing is not None:
                 # Resubmitting cannot help: the executors' Python lacks raydist.
                 self._set_state(State.FAILED, missing)
                 return False
@@ -542,7 +549,8 @@ class RayCluster:
                 return
             self._head.link = link
         elif event == "demand" and link is self._head.link:
-            self._on_demand(link.demand)
+            if (reading := self._demand.add(link.demand)) is not None:
+                self._on_demand(reading)
         elif event == "started" and link is self._head.link:
             if self._head.in_task:
                 self._set_addresses(link.node_ip, link.info.get("ports", {}))

@@ -24,8 +24,8 @@ import psutil
 
 from raydist.engine.launch import HEAD_KEY, NodePlan, run_head_node, start_head
 from raydist.engine.nodelink import NodeLink
+from raydist.engine.sides import side_of
 from raydist.engine.slot import first_error_line
-from raydist.engine.sparkside import side_of
 from raydist.spec import NodeStatus
 
 __all__ = ["Head"]

@@ -9,13 +9,14 @@ import secrets
 import socket
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from raydist.engine.nodelogs import NODE_BYTES, LogFile
-from raydist.engine.wire import send
+from raydist.engine.wire import encode
 
-__all__ = ["LOG_TAIL_LINES", "NodeLink"]
+__all__ = ["LOG_TAIL_LINES", "LogRequest", "NodeLink"]
 
 LOG_TAIL_LINES = 40
 
@@ -41,7 +42,8 @@ class NodeLink:
     demand: dict[str, Any] = field(default_factory=dict)  # the head's last demand reading (elastic clusters)
     log_tail: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_TAIL_LINES))
     _sock: socket.socket | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    #: The channel's way to queue bytes on this link's connection (never blocks).
+    _post: Callable[[NodeLink, bytes], bool] | None = None
     closed: threading.Event = field(default_factory=threading.Event)
     _log_requests: dict[str, dict[str, Any]] = field(default_factory=dict)  # fetch_logs calls waiting
 
@@ -56,16 +58,16 @@ class NodeLink:
         """The node's log files as its supervisor reads them now (see
         :func:`raydist.engine.nodelogs.read_logs`); TimeoutError when it does
         not answer within ``timeout`` seconds (its link is down, or it is gone)."""
-        req = secrets.token_hex(6)
-        box: dict[str, Any] = {"files": {}, "done": threading.Event()}
-        self._log_requests[req] = box
-        try:
-            self.tell({"cmd": "logs", "req": req, "max_bytes": max_bytes, "name": name, "offset": offset})
-            if not box["done"].wait(timeout):
-                raise TimeoutError(f"node {self.key} sent no logs within {timeout:g} s")
-        finally:
-            self._log_requests.pop(req, None)
-        return [(name, size, bytes(data)) for name, (size, data) in box["files"].items()]
+        return self.ask_logs(max_bytes=max_bytes, name=name, offset=offset).wait(timeout)
+
+    def ask_logs(self, *, max_bytes: int = NODE_BYTES, name: str = "", offset: int = 0) -> LogRequest:
+        """Ask for the node's logs and return at once; the answer's
+        :meth:`LogRequest.wait` waits for it (many nodes can be asked at once
+        with no thread each)."""
+        req = LogRequest(self, secrets.token_hex(6))
+        self._log_requests[req.id] = req.box
+        self.tell({"cmd": "logs", "req": req.id, "max_bytes": max_bytes, "name": name, "offset": offset})
+        return req
 
     def _on_logs(self, msg: dict[str, Any]) -> None:
         box = self._log_requests.get(str(msg.get("req", "")))
@@ -78,7 +80,26 @@ class NodeLink:
         entry = box["files"].setdefault(name, (int(msg.get("size", 0)), bytearray()))
         entry[1].extend(base64.b64decode(str(msg.get("data", ""))))
 
-    def tell(self, message: dict[str, Any]) -> None:
-        """Send the supervisor a command (``stop``; ``head`` with its address)."""
-        if self._sock is not None:
-            send(self._sock, self._lock, message)
+    def tell(self, message: dict[str, Any]) -> bool:
+        """Send the supervisor a command (``stop``; ``head`` with its address).
+        Never blocks: the message is queued on the link (False when the link
+        is down now and the message is lost)."""
+        return self._post is not None and self._post(self, encode(message))
+
+
+class LogRequest:
+    """One request for a node's logs, answered over its link."""
+
+    def __init__(self, link: NodeLink, req: str) -> None:
+        self.link = link
+        self.id = req
+        self.box: dict[str, Any] = {"files": {}, "done": threading.Event()}
+
+    def wait(self, timeout: float) -> list[LogFile]:
+        """The files, once the node sent them all; TimeoutError after ``timeout`` s."""
+        try:
+            if not self.box["done"].wait(max(0.0, timeout)):
+                raise TimeoutError(f"node {self.link.key} sent no logs within {timeout:g} s")
+        finally:
+            self.link._log_requests.pop(self.id, None)
+        return [(name, size, bytes(data)) for name, (size, data) in self.box["files"].items()]

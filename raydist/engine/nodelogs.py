@@ -36,6 +36,12 @@ CHUNK = 24 * 1024
 NODE_BYTES = 1 << 20
 #: What ``RAYDIST_HOME/logs`` keeps of collected runs; the oldest go first.
 KEEP_BYTES = 200 << 20
+#: What a teardown collects from all of a cluster's nodes together, and at
+#: least from each (a thousand nodes then give 64 KiB each, not 1 GiB in all).
+TEARDOWN_BYTES = 64 << 20
+MIN_NODE_BYTES = 64 << 10
+#: Nodes asked for their logs at once at teardown.
+IN_FLIGHT = 32
 
 LogFile = tuple[str, int, bytes]  # name, the file's size, the bytes sent (a tail, or from an offset)
 
@@ -117,25 +123,30 @@ def keep(root: Path, cluster: str, by_node: Mapping[str, list[LogFile]], *, limi
     return run
 
 
-def collect(links: Mapping[str, Any], timeout: float) -> dict[str, list[LogFile]]:
-    """Ask every linked node for its logs at once; what answered within
-    ``timeout`` seconds, by node key (a node that did not is left out)."""
-    import threading
-
+def collect(links: Mapping[str, Any], timeout: float, *, total_bytes: int = TEARDOWN_BYTES,
+            in_flight: int = IN_FLIGHT) -> dict[str, list[LogFile]]:
+    """Ask every linked node for its logs, at most ``in_flight`` at a time and
+    ``total_bytes`` in all (shared evenly, at most :data:`NODE_BYTES` and at
+    least :data:`MIN_NODE_BYTES` a node); what answered within ``timeout``
+    seconds in all, by node key (a node that did not is left out). No thread
+    per node: the requests travel on the links, the answers come back there."""
+    deadline = time.monotonic() + timeout
+    each = max(MIN_NODE_BYTES, min(NODE_BYTES, total_bytes // max(1, len(links))))
+    queue = list(links.items())
+    waiting: list[tuple[str, Any]] = []
     got: dict[str, list[LogFile]] = {}
-
-    def ask(key: str, link: Any) -> None:
+    while (queue or waiting) and time.monotonic() < deadline:
+        while queue and len(waiting) < in_flight:
+            key, link = queue.pop(0)
+            waiting.append((key, link.ask_logs(max_bytes=each)))
+        key, req = waiting.pop(0)
         try:
-            got[key] = link.fetch_logs(timeout=timeout)
+            got[key] = req.wait(deadline - time.monotonic())
         except (TimeoutError, OSError):
             pass
-
-    threads = [threading.Thread(target=ask, args=item, daemon=True) for item in links.items()]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout + 1)
-    return dict(got)
+    for _, req in waiting:
+        req.link._log_requests.pop(req.id, None)
+    return got
 
 
 def keep_run(root: Path, cluster: str, links: Mapping[str, Any], timeout: float = 5.0) -> Path | None:

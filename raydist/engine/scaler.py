@@ -153,10 +153,10 @@ class Scaler:
         Returns whether the size changed."""
         if "error" in reading:
             return False
-        nodes = reading.get("nodes", {})
+        idle = reading.get("idle", {})
         active = self._pool.active()
         for slot in active:
-            slot.idle_ms = int(nodes.get(slot.key, {}).get("idle_ms", 0))
+            slot.idle_ms = int(idle.get(slot.key, 0))
         self._pool.prune()
         if not elastic(spec) or not ready:
             return False

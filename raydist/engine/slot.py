@@ -1,28 +1,19 @@
-"""One worker node's place in a cluster, and the loop that keeps it filled.
+"""One worker node's place in a cluster, across restarts, and the pool of them.
 
-A worker node is one Spark job of one task. When that job ends while the
-cluster should run (the executor was lost, the task was killed), the slot
-submits it again, backing off when it keeps failing fast. What a loss means
-for the cluster's state is the cluster's business: the loop reports through
-``on_lost``.
+What keeps a slot's Spark job running is :mod:`raydist.engine.spark_jobs`;
+what a slot's link events mean for it is :meth:`WorkerSlot.on_link`.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from raydist.engine.nodelink import NodeLink
 from raydist.spec import NodeStatus
 
-__all__ = ["NodeCounters", "WorkerPool", "WorkerSlot", "first_error_line", "keep_filled"]
-
-#: A job that ran at least this long was healthy: its end resets the backoff.
-HEALTHY_RUN_S = 60.0
-#: Backoff after the n-th quick failure in a row: 0.5 s * 2**n, at most this.
-MAX_BACKOFF_S = 30.0
+__all__ = ["NodeCounters", "WorkerPool", "WorkerSlot", "first_error_line"]
 
 
 #: Upper bounds (seconds) of the node start-time histogram's buckets.
@@ -62,7 +53,9 @@ class WorkerSlot:
     restarts: int = 0
     up_since: float = 0.0
     last_reason: str = ""
-    thread: threading.Thread | None = None
+    #: Whether a Spark job of this slot runs, waits for a task slot, or is
+    #: due to be submitted again (the jobs' thread sets it).
+    in_spark: bool = False
     #: Set when the cluster no longer wants this node (it shrank): its job is
     #: not submitted again, and the slot leaves the pool once its thread ends.
     retired: threading.Event = field(default_factory=threading.Event)
@@ -133,6 +126,7 @@ class WorkerPool:
 
     def __init__(self, initial: int) -> None:
         self._all: list[WorkerSlot] = []
+        self._by_key: dict[str, WorkerSlot] = {}
         self._next = 0
         self.counters = NodeCounters()
         self.add(initial)
@@ -142,6 +136,7 @@ class WorkerPool:
         new = [WorkerSlot(self._next + i, f"w{self._next + i}", counters=self.counters) for i in range(count)]
         self._next += count
         self._all += new
+        self._by_key.update((s.key, s) for s in new)
         return new
 
     def active(self) -> list[WorkerSlot]:
@@ -152,7 +147,7 @@ class WorkerPool:
         return list(self._all)
 
     def find(self, key: str) -> WorkerSlot | None:
-        return next((s for s in self._all if s.key == key), None)
+        return self._by_key.get(key)
 
     def pick_to_retire(self, count: int, prefer: tuple[str, ...] = ()) -> list[WorkerSlot]:
         """``count`` active slots to remove: the named ones first, then nodes
@@ -168,36 +163,9 @@ class WorkerPool:
 
     def prune(self) -> None:
         """Forget retired slots whose Spark job has ended."""
-        self._all = [s for s in self._all
-                     if not (s.retired.is_set() and (s.thread is None or not s.thread.is_alive()))]
-
-
-def keep_filled(
-    slot: WorkerSlot,
-    *,
-    run_job: Callable[[WorkerSlot], None],
-    stopping: threading.Event,
-    on_lost: Callable[[WorkerSlot, str], bool],
-    record: Callable[[str], None],
-) -> None:
-    """Run ``slot``'s Spark job until ``stopping`` is set, submitting it again
-    each time it ends. ``on_lost(slot, reason)`` is told of every end and
-    returns whether to submit again."""
-    failures = 0
-    while not stopping.is_set() and not slot.retired.is_set():
-        started = time.monotonic()
-        try:
-            run_job(slot)
-            reason = "its Spark task ended"
-        except Exception as exc:  # noqa: BLE001 - any job end is a node loss to heal
-            reason = first_error_line(exc)
-        if stopping.is_set() or slot.retired.is_set() or not on_lost(slot, reason):
-            return
-        failures = 0 if time.monotonic() - started > HEALTHY_RUN_S else failures + 1
-        backoff = min(MAX_BACKOFF_S, 0.5 * (2 ** min(failures, 6))) if failures else 0.2
-        if stopping.wait(backoff) or slot.retired.is_set():
-            return
-        record(f"resubmitting worker {slot.key}")
+        self._all = [s for s in self._all if not (s.retired.is_set() and not s.in_spark)]
+        if len(self._by_key) != len(self._all):
+            self._by_key = {s.key: s for s in self._all}
 
 
 def first_error_line(exc: BaseException) -> str:

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from raydist.engine.sides import side_of
 from raydist.engine.sizing import embedded_master, local_cluster_shape, memory_limit
-from raydist.engine.sparkside import side_of
 from raydist.errors import CapacityError
 from raydist.spec import ClusterSpec, parse_size
 

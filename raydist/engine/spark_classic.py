@@ -7,12 +7,13 @@ what other work waits for slots.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from raydist.engine.ports import resolve_host
-from raydist.engine.sparkside import SparkSide, TaskBody, _wrap_stop
+from raydist.engine.sparkside import SparkJob, SparkSide, TaskBody, _wrap_stop
 
 __all__ = ["ClassicSide"]
 
@@ -23,11 +24,60 @@ def _each(body: TaskBody, _partition: Iterator[Any]) -> Iterator[str]:
     yield body()
 
 
+class _FutureJob(SparkJob):
+    """A job submitted with ``collectAsync``: the JVM runs it, nothing here waits."""
+
+    def __init__(self, future: Any, job_ids: list[int]) -> None:
+        self.future = future
+        self.job_ids = job_ids
+        self._error: str | None = None
+
+    def ended(self) -> bool:
+        try:
+            return bool(self.future.isDone())
+        except Exception:  # noqa: BLE001 - the gateway is gone: so is the job
+            return True
+
+    def error(self) -> str:
+        if self._error is None:
+            try:
+                self.future.get()
+                self._error = ""
+            except Exception as exc:  # noqa: BLE001 - a failed or cancelled job says why here
+                self._error = str(exc) or type(exc).__name__
+        return self._error
+
+
 class ClassicSide(SparkSide):
     kind = "classic"
 
     def stopped(self) -> bool:
         return self.spark.sparkContext._jsc is None
+
+    def alive(self) -> bool:
+        try:
+            return not self.stopped() and not bool(self.spark.sparkContext._jsc.sc().isStopped())
+        except Exception:  # noqa: BLE001 - py4j's gateway is gone: the JVM died
+            return False
+
+    def discard(self) -> None:
+        # PySpark keeps the dead JVM's gateway and context in class fields;
+        # with them cleared, the next SparkSession starts a JVM of its own.
+        from pyspark import SparkContext
+        from pyspark.sql import SparkSession
+
+        sc = self.spark.sparkContext
+        try:
+            if sc._gateway is not None:
+                sc._gateway.shutdown()
+        except Exception as exc:  # noqa: BLE001 - it is gone already
+            log.debug("closing a dead gateway: %s", exc)
+        sc._jsc = None
+        SparkContext._gateway = None  # type: ignore[attr-defined]
+        SparkContext._jvm = None  # type: ignore[attr-defined]
+        SparkContext._active_spark_context = None  # type: ignore[attr-defined]
+        SparkSession._instantiatedSession = None  # type: ignore[attr-defined]
+        SparkSession._activeSession = None  # type: ignore[attr-defined]
 
     def conf(self, key: str, default: str | None = None) -> str | None:
         value = self.spark.sparkContext.getConf().get(key, None)
@@ -62,8 +112,6 @@ class ClassicSide(SparkSide):
 
     def run_tasks(self, body: TaskBody, n: int = 1, *, group: str, tag: str = "", profile: Any = None,
                   description: str = "") -> list[str]:
-        import functools
-
         sc = self.spark.sparkContext
         # Groups and tags are this thread's: each job runs in a thread of its own.
         sc.setJobGroup(group, description, True)
@@ -77,6 +125,38 @@ class ClassicSide(SparkSide):
         finally:
             if tag and sc._jsc is not None:
                 sc.removeJobTag(tag)
+
+    def submit(self, body: TaskBody, n: int = 1, *, group: str, tag: str = "", profile: Any = None,
+               description: str = "") -> SparkJob:
+        # The JVM runs the job (collectAsync); no Python thread waits for it.
+        # Group and tag are this thread's labels when the job is submitted.
+        sc = self.spark.sparkContext
+        sc.setJobGroup(group, description, True)
+        if tag:
+            sc.addJobTag(tag)
+        try:
+            rdd = sc.parallelize(range(n), n)
+            if profile is not None:
+                rdd = rdd.withResources(profile)
+            future = rdd.mapPartitions(functools.partial(_each, body))._jrdd.collectAsync()
+            return _FutureJob(future, [int(i) for i in future.jobIds()])
+        finally:
+            if tag and sc._jsc is not None:
+                sc.removeJobTag(tag)
+
+    def ended(self, jobs: Collection[SparkJob]) -> list[SparkJob]:
+        # One look at the running jobs for all of them; only a job that is
+        # not among them (ended, or not started yet) is asked on its own.
+        if not jobs:
+            return []
+        try:
+            sc = self.spark.sparkContext
+            ids = sc._jsc.sc().statusTracker().getActiveJobIds()
+            running = {int(i) for i in str(sc._jvm.java.util.Arrays.toString(ids)).strip("[]").split(",") if i.strip()}
+        except Exception:  # noqa: BLE001 - a stopped context: every job is asked (and has ended)
+            running = set()
+        return [job for job in jobs
+                if not (isinstance(job, _FutureJob) and job.job_ids and set(job.job_ids) <= running) and job.ended()]
 
     def cancel(self, *, group: str = "", tag: str = "") -> None:
         sc = self.spark.sparkContext

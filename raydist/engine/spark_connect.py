@@ -97,6 +97,21 @@ class ConnectSide(SparkSide):
     def stopped(self) -> bool:
         return bool(self.spark.is_stopped)
 
+    def alive(self) -> bool:
+        if self.stopped():
+            return False
+        try:
+            self.spark.conf.get("spark.app.name", None)  # one small round trip to the server
+            return True
+        except Exception:  # noqa: BLE001 - the server does not answer
+            return False
+
+    def discard(self) -> None:
+        try:
+            self.spark.stop()
+        except Exception as exc:  # noqa: BLE001 - the server is gone already
+            log.debug("stopping a dead Connect session: %s", exc)
+
     def conf(self, key: str, default: str | None = None) -> str | None:
         try:
             value = self.spark.conf.get(key, None)

@@ -5,26 +5,62 @@ through py4j) or a Spark Connect client (``SparkSession.builder.remote(...)``:
 no SparkContext, no JVM here, only the DataFrame API over gRPC). The engine
 needs the same few things from both: run a few long tasks with given
 resources, cancel them by label, read settings and executors, and see
-whether other Spark work waits for task slots. :func:`side_of` picks the
-implementation from the session itself, so the rest of the engine never
-asks which kind it holds.
+whether other Spark work waits for task slots. :func:`raydist.engine.sides.side_of`
+picks the implementation from the session itself, so the rest of the engine
+never asks which kind it holds.
 """
 
 from __future__ import annotations
 
 import abc
 import threading
-import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, ClassVar
 
-__all__ = ["AnnouncingBody", "SparkSide", "TaskBody", "side_of", "is_connect", "missing_raydist"]
+__all__ = ["AnnouncingBody", "SparkJob", "SparkSide", "TaskBody", "is_connect", "missing_raydist"]
 
 #: A task's work: runs once in a Spark task and says how it ended, in one line.
 TaskBody = Callable[[], str]
 #: A task's work that may also say one line to the driver while it still runs
 #: (calling its argument once): where it can be reached, say.
 AnnouncingBody = Callable[[Callable[[str], None]], str]
+
+
+class SparkJob(abc.ABC):
+    """A Spark job submitted without waiting for it (:meth:`SparkSide.submit`)."""
+
+    @abc.abstractmethod
+    def ended(self) -> bool:
+        """Whether the job has ended, however it ended."""
+
+    @abc.abstractmethod
+    def error(self) -> str:
+        """Once ended: why it failed ("" when its tasks simply ended)."""
+
+
+class _ThreadJob(SparkJob):
+    """A job run by a blocking call in a thread of its own: for sessions
+    whose API has no way to submit a job and watch it later (Connect's)."""
+
+    def __init__(self, run: Callable[[], object], name: str) -> None:
+        self._done = threading.Event()
+        self._error = ""
+
+        def target() -> None:
+            try:
+                run()
+            except Exception as exc:  # noqa: BLE001 - the job's end, whatever it was, is its outcome
+                self._error = str(exc) or type(exc).__name__
+            finally:
+                self._done.set()
+
+        threading.Thread(target=target, daemon=True, name=name).start()
+
+    def ended(self) -> bool:
+        return self._done.is_set()
+
+    def error(self) -> str:
+        return self._error
 
 
 class SparkSide(abc.ABC):
@@ -45,6 +81,15 @@ class SparkSide(abc.ABC):
     @abc.abstractmethod
     def stopped(self) -> bool:
         """Whether ``spark.stop()`` has run (cheap: no round trip)."""
+
+    def alive(self) -> bool:
+        """Whether the session can still run jobs (a round trip: its JVM or
+        server answers). False after ``stop()``, and when what ran it died."""
+        return not self.stopped()
+
+    def discard(self) -> None:  # noqa: B027 - most kinds have nothing to let go of
+        """Let go of a session that died, so that the next one this process
+        asks for is a new one (never raises)."""
 
     @abc.abstractmethod
     def conf(self, key: str, default: str | None = None) -> str | None:
@@ -77,6 +122,20 @@ class SparkSide(abc.ABC):
         """Run ``body`` in ``n`` tasks of one Spark job (with ``profile``'s
         task resources when given) and return what each said. Blocks until
         the job ends; raises what the job raised (a cancel included)."""
+
+    def submit(self, body: TaskBody, n: int = 1, *, group: str, tag: str = "", profile: Any = None,
+               description: str = "") -> SparkJob:
+        """Submit ``body`` as a job of one task, as :meth:`run_tasks` runs
+        it, and return at once; :meth:`ended` says when it has ended. This
+        default runs it in a thread of its own; a session that can watch its
+        jobs without a thread each does better."""
+        return _ThreadJob(lambda: self.run_tasks(body, n, group=group, tag=tag, profile=profile,
+                                                 description=description), name=f"raydist-job-{tag or group}")
+
+    def ended(self, jobs: Collection[SparkJob]) -> list[SparkJob]:
+        """Those of ``jobs`` that have ended (one look for all of them where
+        the session allows it)."""
+        return [job for job in jobs if job.ended()]
 
     def run_announcing(self, body: AnnouncingBody, *, group: str, tag: str = "", profile: Any = None,
                        description: str = "", on_announce: Callable[[str], None]) -> str:
@@ -155,24 +214,3 @@ def _wrap_stop(owner: Any, spark: Any, hook: Callable[[Any], None]) -> None:
 def is_connect(spark: Any) -> bool:
     """Whether ``spark`` is a Spark Connect session (never starts anything)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-_sides: weakref.WeakKeyDictionary[Any, SparkSide] = weakref.WeakKeyDictionary()
-_sides_lock = threading.Lock()
-
-
-def side_of(spark: Any) -> SparkSide:
-    """The engine's view of ``spark``, one per session."""
-    with _sides_lock:
-        side = _sides.get(spark)
-        if side is None:
-            if is_connect(spark):
-                from raydist.engine.spark_connect import ConnectSide
-
-                side = ConnectSide(spark)
-            else:
-                from raydist.engine.spark_classic import ClassicSide
-
-                side = ClassicSide(spark)
-            _sides[spark] = side
-        return side

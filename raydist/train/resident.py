@@ -167,9 +167,9 @@ class ResidentRun:
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-        from raydist.train._base import fit_ready
         from raydist.train._board import board_actor
         from raydist.train._env import run_settings
+        from raydist.train._fit import fit_ready
 
         self._board = board_actor(self.keep_alive_s)
         # Not TorchTrainer: each job makes its own process group, as under

@@ -365,12 +365,12 @@ class TrainingSession:
         """Retire the session cluster inside ``spark.stop()``, before Spark
         ends the tasks under its nodes (a run's workers would report their
         nodes lost, to the driver's console)."""
-        from raydist.engine.sparkside import side_of
+        from raydist.engine.sides import side_of
 
         side_of(spark).on_stop(self._spark_stopping)
 
     def _spark_stopping(self, spark: Any) -> None:
-        from raydist.engine.sparkside import side_of
+        from raydist.engine.sides import side_of
 
         held = self._held
         if held is not None and side_of(held.cluster.spark).same_session(spark):

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from raydist.errors import TrainingConfigError
-from raydist.train.session import DEFAULT_KEEP_WARM_S
+from raydist.train.runtime import DEFAULT_KEEP_WARM_S
 
 __all__ = ["run"]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 if "tensorflow" not in sys.modules:  # Keras 2 under both names, as Horovod's Keras code expects
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    from raydist.train._keras2 import use_keras2_everywhere
+    from raydist.train.runtime import use_keras2_everywhere
 
     use_keras2_everywhere()
 

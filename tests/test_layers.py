@@ -1,0 +1,86 @@
+"""The package's import graph: no circles, and the compat layer only on the
+training runtime's public seam. Read from the source (every import, those
+inside functions too), so a circle that only lazy imports kept from failing
+at import time is still found."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import raydist
+
+ROOT = Path(raydist.__file__).parent
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in ROOT.rglob("*.py"):
+        if "_proto" in path.parts:
+            continue  # generated
+        name = ".".join(("raydist", *path.relative_to(ROOT).with_suffix("").parts))
+        found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def _imports(path: Path, known: dict[str, Path]) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("raydist"):
+            assert node.module is not None
+            out |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in known}
+            if node.module in known:
+                out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in known}
+    return out
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    known = _modules()
+    graph = {name: _imports(path, known) - {name} for name, path in known.items()}
+    assert _circles(graph) == []
+
+
+def test_compat_uses_only_the_training_runtimes_public_seam() -> None:
+    known = _modules()
+    private = {name for name in known if name.startswith("raydist.train.") and (
+        name.rsplit(".", 1)[1].startswith("_") or name in ("raydist.train.session", "raydist.train.resident"))}
+    reaching = {name: sorted(_imports(path, known) & private) for name, path in known.items()
+                if name.startswith("raydist.compat")}
+    assert {name: found for name, found in reaching.items() if found} == {}
