@@ -451,3 +451,114 @@ def test_ports_the_supervisor_picks_never_repeat_one_the_plan_named(monkeypatch:
     assert len(picked) == len(NODE_PORT_OPTIONS)
     assert named not in picked and 6379 not in picked and len(set(picked)) == len(picked)
     assert ports_named(argv) == {named, 6379, *picked}
+
+
+def test_saying_something_to_a_node_that_stops_reading_never_blocks() -> None:
+    # The cluster told nodes things under its lock with a blocking send: one
+    # stuck peer (its socket buffer full) stalled every status call. A send
+    # now queues; a peer that reads nothing is dropped past a bound.
+    rec = Recorder()
+    keys = NodeKeys()
+    ch = NodeChannel("127.0.0.1", keys, rec, grace_s=1.0)
+    s = socket.create_connection((ch.host, ch.port))
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        say_hello(s, "w0", keys.issue("w0"), incarnation="a")
+        assert rec.wait("hello")
+        link = ch.links()["w0"]
+        big = {"cmd": "head", "address": "x" * 60_000}
+        slowest = 0.0
+        for _ in range(200):  # 12 MB to a peer that reads none of it
+            t = time.monotonic()
+            link.tell(big)
+            slowest = max(slowest, time.monotonic() - t)
+        assert slowest < 0.2, f"a send blocked for {slowest:.2f} s"
+        assert rec.wait("closed", timeout=15), "a peer that reads nothing was kept forever"
+    finally:
+        s.close()
+        ch.close()
+
+
+def test_one_thread_serves_every_link() -> None:
+    rec = Recorder()
+    keys = NodeKeys()
+    ch = NodeChannel("127.0.0.1", keys, rec)
+    before = threading.active_count()
+    socks = []
+    try:
+        for i in range(50):
+            s = socket.create_connection((ch.host, ch.port))
+            say_hello(s, f"w{i}", keys.issue(f"w{i}"), incarnation=str(i))
+            socks.append(s)
+        deadline = time.monotonic() + 10
+        while len(ch.links()) < 50 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(ch.links()) == 50
+        assert threading.active_count() == before  # no thread per link
+        socks[7].sendall(b'{"type": "ping"}\n')
+        socks[7].settimeout(5)
+        assert b"pong" in socks[7].recv(4096)
+    finally:
+        for s in socks:
+            s.close()
+        ch.close()
+
+
+_EMFILE_PROGRAM = """
+import os, resource, sys, time
+import psutil
+from raydist.engine.channel import NodeChannel
+from raydist.engine.linkauth import NodeKeys
+keys = NodeKeys()
+ch = NodeChannel("127.0.0.1", keys, lambda event, link: None)
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (psutil.Process().num_fds() + 4, hard))
+print(ch.port, keys.issue("w0"), flush=True)
+sys.stdin.readline()  # the connections are made: measure the channel's CPU while it cannot accept
+t = time.process_time()  # no file to open: there is none to spare
+time.sleep(2.0)
+print(round(time.process_time() - t, 3), flush=True)
+sys.stdin.readline()  # the connections are gone: a node can link again
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+deadline = time.monotonic() + 15
+while "w0" not in ch.links() and time.monotonic() < deadline:
+    time.sleep(0.1)
+print("linked" if "w0" in ch.links() else "not linked", flush=True)
+"""
+
+
+def test_out_of_file_descriptors_the_channel_backs_off_instead_of_spinning() -> None:
+    # accept() failing with EMFILE left the listener readable and the loop
+    # went round it as fast as it could (a core spent doing nothing).
+    proc = subprocess.Popen([sys.executable, "-c", _EMFILE_PROGRAM], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    conns = []
+    try:
+        port, secret = proc.stdout.readline().split()
+        for _ in range(30):
+            conns.append(socket.create_connection(("127.0.0.1", int(port))))
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        cpu = float(proc.stdout.readline())
+        assert cpu < 0.5, f"the channel spent {cpu} s of CPU in 2 s while it could not accept"
+        for c in conns:
+            c.close()
+        conns = []
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        deadline = time.monotonic() + 15
+        while True:  # as a supervisor does: the channel takes it once its pause ends
+            s = socket.create_connection(("127.0.0.1", int(port)))
+            conns.append(s)
+            try:
+                say_hello(s, "w0", secret, incarnation="a")
+                break
+            except Exception:
+                assert time.monotonic() < deadline
+        assert proc.stdout.readline().strip() == "linked"
+    finally:
+        for c in conns:
+            c.close()
+        proc.kill()
+        proc.wait()

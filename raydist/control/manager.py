@@ -1,10 +1,8 @@
-"""Many named clusters on one SparkSession, with durable state.
-
-The manager wraps the engine for the server: it owns the SparkSession of the
-control plane's Spark target, starts and tears down ``RayCluster`` objects
+"""Many named clusters on one SparkSession (:mod:`raydist.control.sparkhost`),
+with durable state: the manager starts and tears down ``RayCluster`` objects
 off the event loop, writes every state change and event to the store, and
-keeps an in-memory copy of each cluster's proto so reads never touch SQLite.
-"""
+keeps each cluster's proto ready (:mod:`raydist.control.protos`) so that
+reads never touch SQLite."""
 
 from __future__ import annotations
 
@@ -14,8 +12,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from google.protobuf.timestamp_pb2 import Timestamp
-
+from raydist.control.protos import ClusterProtos, ts
+from raydist.control.sparkhost import SparkHost
 from raydist.control.store import ClusterRow, Store
 from raydist.control.tenants import owner_of
 from raydist.engine.auth import RayToken
@@ -28,26 +26,14 @@ from raydist.errors import (
     ControlPlaneUnavailableError,
     SpecError,
 )
-from raydist.spec import ClusterSpec, NodeStatus, State, check_name, spec_from_proto, spec_to_proto
+from raydist.spec import ClusterSpec, State, check_name, spec_from_proto, spec_to_proto
 
-__all__ = ["ClusterManager"]
+__all__ = ["ClusterManager", "ts"]
 
 #: The spec fields UpdateCluster changes on a running cluster.
 _UPDATABLE = ("workers", "min_workers", "max_workers", "idle_timeout_s")
 
 log = logging.getLogger(__name__)
-
-
-def _ts(t: float) -> Timestamp:
-    ts = Timestamp()
-    ts.FromNanoseconds(int(t * 1e9))
-    return ts
-
-
-def _node_proto(pb: Any, node: NodeStatus) -> Any:
-    return pb.Node(key=node.key, state=pb.NODE_STATE_UP if node.up else pb.NODE_STATE_STARTING, host=node.host,
-                   node_ip=node.node_ip, ray_node_id=node.ray_node_id, restarts=node.restarts, cpus=node.cpus,
-                   gpus=node.gpus, message=node.message, idle_seconds=node.idle_s)
 
 
 #: How soon a cluster's node changes reach its cached status (state changes: at once).
@@ -68,76 +54,25 @@ class ClusterManager:
 
         self._pb = pb
         self._store = store
-        self._spark_factory = spark_factory
-        self._spark: Any = None
+        self.spark_host = SparkHost(spark_factory)
         self._on_change = on_change
         # Writers' lock (store rows, engines, cache entries); never taken by a
         # read, so no read waits on SQLite or a cluster's lock.
         self._lock = threading.RLock()
         self._engines: dict[str, RayCluster] = {}
-        self._cache: dict[str, Any] = {}
-        self._idle: dict[str, int] = {}  # idle worker nodes per cluster (observed, not stored)
-        self._nodes: dict[str, tuple[NodeStatus, ...]] = {}  # per cluster (observed, not stored)
-        self._node_protos: dict[str, dict[str, tuple[NodeStatus, Any]]] = {}  # per cluster, per node key
+        self._protos = ClusterProtos(pb, on_change)
+        self._cache = self._protos.by_name  # read without a lock (see ClusterProtos)
         self._dirty: set[str] = set()  # clusters to sync soon
         self._dirty_cond = threading.Condition()
         self._syncer: threading.Thread | None = None
-        self._spark_lock = threading.Lock()
-        self._spark_error = ""
         self._head_ports = dict(head_ports or {})
         self._head_in_task = head_in_task
         self._link_ports = link_ports
 
-    # Spark -------------------------------------------------------------------
-
     @property
     def spark(self) -> Any:
-        """The server's SparkSession; waits while it starts. While it cannot
-        start, ControlPlaneUnavailableError with the reason (the starter
-        thread, :meth:`start_spark`, keeps trying)."""
-        with self._spark_lock:
-            if self._spark is None:
-                if self._spark_error:
-                    raise ControlPlaneUnavailableError(
-                        f"the control plane's Spark is not running ({self._spark_error}); it is retried, "
-                        "try again shortly"
-                    )
-                self._spark = self._spark_factory()
-            return self._spark
-
-    @property
-    def spark_error(self) -> str:
-        """Why Spark did not start, while it has not ("" otherwise)."""
-        return self._spark_error
-
-    def start_spark(self, on_state: Callable[[bool, str], None], stop: threading.Event) -> None:
-        """Start Spark, retrying with backoff (1 s, doubling, at most 30 s)
-        until it runs or ``stop`` is set; ``on_state(running, reason)`` after
-        each attempt. Runs in a thread of its own."""
-        backoff = 1.0
-        while not stop.is_set():
-            with self._spark_lock:
-                if self._spark is not None or stop.is_set():
-                    return
-                try:
-                    self._spark = self._spark_factory()
-                    self._spark_error = ""
-                except Exception as exc:  # noqa: BLE001 - reported, then retried
-                    self._spark_error = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-                    log.warning("Spark did not start (%s); retrying in %g s", self._spark_error, backoff)
-            on_state(self._spark is not None, self._spark_error)
-            if self._spark is not None or stop.wait(backoff):
-                return
-            backoff = min(30.0, backoff * 2)
-
-    def spark_alive(self) -> bool:
-        """Whether the server's Spark still runs (True while it starts: that is not a death)."""
-        spark = self._spark
-        if spark is None:
-            return True
-        from raydist.engine.sides import side_of
-
-        return side_of(spark).alive()
+        """The server's SparkSession (:attr:`SparkHost.session`)."""
+        return self.spark_host.session
 
     def spark_died(self) -> list[str]:
         """The server's SparkContext died (its JVM was killed, it stopped
@@ -147,9 +82,7 @@ class ClusterManager:
         reason, and let go of the dead session."""
         from raydist.engine.sides import side_of
 
-        with self._spark_lock:
-            spark, self._spark = self._spark, None
-            self._spark_error = "its SparkContext died; a new one is starting"
+        spark = self.spark_host.lose("its SparkContext died; a new one is starting")
         with self._lock:
             engines, self._engines = dict(self._engines), {}
         for name, engine in engines.items():
@@ -177,16 +110,6 @@ class ClusterManager:
         if spark is not None:
             side_of(spark).discard()
         return back
-
-    def spark_info(self) -> tuple[str, str]:
-        """(master, UI URL) of the Spark target; empty while Spark starts."""
-        spark = self._spark
-        if spark is None:
-            return "", ""
-        from raydist.engine.sides import side_of
-
-        side = side_of(spark)
-        return side.master, side.ui_url
 
     # reads (from memory) ----------------------------------------------------
 
@@ -422,8 +345,7 @@ class ClusterManager:
             row.message = st.message
             row.ready_workers = st.ready_workers
             row.desired_workers = st.desired_workers
-            self._idle[name] = st.idle_workers
-            self._nodes[name] = st.nodes
+            self._protos.observed(name, st.idle_workers, st.nodes)
             row.address, row.client_address, row.dashboard_url = st.address, st.client_address, st.dashboard_url
             self._store.put(row)
             self._refresh(row)
@@ -487,7 +409,7 @@ class ClusterManager:
                 if row is None or row.state != State.FAILED.value or row.message != message:
                     self._store.mark_failed(name, message)
                     self._store.add_event(name, State.FAILED.value, message)
-                self._cache_unreadable(name, message)
+                self._protos.unreadable(name, message)
                 continue
             if row.state not in (State.DELETED.value, State.FAILED.value):
                 if row.restart:
@@ -503,14 +425,6 @@ class ClusterManager:
             self._store.prune(row.name)
             self._refresh(row)
         return restart
-
-    def _cache_unreadable(self, name: str, message: str, state: str = "FAILED") -> None:
-        """An entry for a row that cannot be read as a cluster (its name, state and message)."""
-        pb = self._pb
-        with self._lock:
-            self._cache[name] = pb.Cluster(spec=pb.ClusterSpec(name=name), state=pb.State.Value(state),
-                                           message=message, update_time=_ts(time.time()))
-        self._on_change(name)
 
     def restart(self, names: list[str]) -> None:
         """Start again the clusters :meth:`reconcile` marked (in the
@@ -577,49 +491,10 @@ class ClusterManager:
                 self._refresh(row)
         # A Spark start still in progress finishes first (it holds the lock),
         # then stops: a SparkContext left running keeps this process alive.
-        self._spark_error = self._spark_error or "the control plane is stopping"
-        with self._spark_lock:
-            spark, self._spark = self._spark, None
+        spark = self.spark_host.lose("the control plane is stopping")
         if spark is not None:
             spark.stop()
 
-    # cache -------------------------------------------------------------------
-
-    def _node_messages(self, name: str) -> list[Any]:
-        """``name``'s nodes as protos, built again only for the nodes that changed."""
-        before = self._node_protos.get(name, {})
-        now: dict[str, tuple[NodeStatus, Any]] = {}
-        for node in self._nodes.get(name, ()):
-            seen = before.get(node.key)
-            now[node.key] = seen if seen is not None and seen[0] == node else (node, _node_proto(self._pb, node))
-        self._node_protos[name] = now
-        return [msg for _, msg in now.values()]
-
     def _refresh(self, row: ClusterRow) -> None:
-        pb = self._pb
-        live = row.state in (State.CREATING.value, State.RUNNING.value, State.DEGRADED.value)
-        try:
-            spec = ClusterSpec.from_dict(row.spec)
-        except Exception:  # noqa: BLE001 - a row today's rules reject (reconcile FAILED it): its name alone
-            self._cache_unreadable(row.name, row.message, row.state)
-            return
-        spec_msg = spec_to_proto(spec)
-        spec_msg.restart_on_server_restart = row.restart
-        msg = pb.Cluster(
-            spec=spec_msg,
-            state=pb.State.Value(row.state),
-            ready_workers=row.ready_workers,
-            desired_workers=row.desired_workers,
-            address=row.address,
-            client_address=row.client_address,
-            dashboard_url=row.dashboard_url,
-            create_time=_ts(row.created),
-            update_time=_ts(row.updated or time.time()),
-            message=row.message,
-            gpus=spec.total_gpus,
-            idle_workers=self._idle.get(row.name, 0) if live else 0,
-            nodes=self._node_messages(row.name) if live else [],
-        )
         with self._lock:
-            self._cache[row.name] = msg
-        self._on_change(row.name)
+            self._protos.refresh(row)

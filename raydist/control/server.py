@@ -19,7 +19,7 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -32,11 +32,12 @@ from raydist import __version__
 from raydist._proto import pb, rpc
 from raydist.control.auth import AuthInterceptor
 from raydist.control.config import ServerConfig
-from raydist.control.manager import ClusterManager, _ts
+from raydist.control.manager import ClusterManager
+from raydist.control.metrics import Metrics
+from raydist.control.protos import ts as _ts
 from raydist.control.status import code_for
 from raydist.control.store import Store
 from raydist.control.tenants import Caller, Tenants, current_caller
-from raydist.engine.slot import START_BUCKETS, NodeCounters
 from raydist.errors import RaydistError
 from raydist.paths import hold_home, home, private_file, read_private
 from raydist.spec import spec_from_proto
@@ -91,86 +92,12 @@ _KNOWN_METHODS = frozenset(
      "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"}
 
 
-class _NodeCollector:
-    """Each running cluster's worker-node history, read at scrape time from
-    the engines that own it: starts, losses, restarts, start seconds."""
-
-    def __init__(self, counters: Callable[[], dict[str, NodeCounters]]) -> None:
-        self._counters = counters
-
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
-
-        by_cluster = self._counters()
-        families = {
-            "starts": CounterMetricFamily("raydist_node_starts", "Worker nodes that came up", labels=["cluster"]),
-            "losses": CounterMetricFamily("raydist_node_losses",
-                                          "Worker nodes lost while their cluster wanted them", labels=["cluster"]),
-            "restarts": CounterMetricFamily("raydist_node_restarts",
-                                            "Worker nodes' Spark tasks run again", labels=["cluster"]),
-        }
-        seconds = HistogramMetricFamily("raydist_node_start_seconds",
-                                        "From a node's Spark task start to its Ray node up", labels=["cluster"])
-        for name, c in sorted(by_cluster.items()):
-            families["starts"].add_metric([name], c.starts)
-            families["losses"].add_metric([name], c.losses)
-            families["restarts"].add_metric([name], c.restarts)
-            buckets = [(str(le), n) for le, n in zip(START_BUCKETS, c.start_buckets, strict=True)]
-            seconds.add_metric([name], [*buckets, ("+Inf", c.starts)], sum_value=c.start_seconds_sum)
-        yield from families.values()
-        yield seconds
-
-
-class _Metrics:
-    """Prometheus metrics: clusters by state, RPC counts and latency, nodes."""
-
-    def __init__(self, manager_states: Callable[[], dict[str, int]],
-                 node_counters: Callable[[], dict[str, NodeCounters]]) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-        self.registry = CollectorRegistry()
-        self.registry.register(_NodeCollector(node_counters))  # type: ignore[arg-type]
-        self._count = Counter("raydist_rpc_total", "RPCs by method and status code", ["method", "code"],
-                              registry=self.registry)
-        self._latency = Histogram("raydist_rpc_seconds", "RPC latency", ["method"], registry=self.registry,
-                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5))
-        gauge = Gauge("raydist_clusters", "Clusters by state", ["state"], registry=self.registry)
-        self._states = manager_states
-        self._gauge = gauge
-        self._children: dict[Any, Any] = {}
-
-    def count(self, method: str, code: str) -> None:
-        key = (method, code)
-        child = self._children.get(key)
-        if child is None:  # label lookups cost a lock and a hash per call: cache them
-            child = self._children[key] = self._count.labels(method, code)
-        child.inc()
-
-    def observe(self, method: str, seconds: float) -> None:
-        child = self._children.get(method)
-        if child is None:
-            child = self._children[method] = self._latency.labels(method)
-        child.observe(seconds)
-
-    def refresh_gauges(self) -> None:
-        states = self._states()
-        for name in pb.State.keys()[1:]:
-            self._gauge.labels(name).set(states.get(name, 0))
-
-    def start(self, host: str, port: int) -> int:
-        from prometheus_client import start_http_server
-
-        self.refresh_gauges()
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
-        return int(server.server_port)
-
-
 class ClusterService(rpc.ClusterServiceServicer):
     """The API. Each RPC acts as its caller (:mod:`raydist.control.tenants`):
     names in requests are the caller's, turned into the engine's full names
     here, and every answer names clusters as the caller does."""
 
-    def __init__(self, manager: ClusterManager, metrics: _Metrics, changed: asyncio.Condition) -> None:
+    def __init__(self, manager: ClusterManager, metrics: Metrics, changed: asyncio.Condition) -> None:
         self.m = manager
         self.metrics = metrics
         self.changed = changed
@@ -316,7 +243,7 @@ class ClusterService(rpc.ClusterServiceServicer):
         caller = current_caller()
 
         def info() -> Any:
-            master, ui = self.m.spark_info()
+            master, ui = self.m.spark_host.info()
             return pb.ServerInfo(version=__version__, spark_master=master, spark_ui_url=ui,
                                  clusters=self.m.count(visible=caller.sees))
 
@@ -373,16 +300,17 @@ def _keep_spark(manager: ClusterManager, on_state: Callable[[bool, str], None], 
     killed, it stopped itself) the service answers NOT_SERVING, the clusters
     that ran on it are torn down, a new session is built, and the clusters
     that ask to come back start again on it."""
-    manager.start_spark(on_state, stop)
-    if not manager.spark_error:
+    host = manager.spark_host
+    host.start(on_state, stop)
+    if not host.error:
         _freeze_heap()
     while not stop.wait(SPARK_CHECK_S):
-        if manager.spark_alive():
+        if host.alive():
             continue
         log.error("the control plane's SparkContext died; tearing its clusters down and starting a new one")
         on_state(False, "its SparkContext died")
         back = manager.spark_died()
-        manager.start_spark(on_state, stop)
+        host.start(on_state, stop)
         if back and not stop.is_set():
             log.info("starting again on the new SparkContext: %s", ", ".join(back))
             manager.restart(back)
@@ -423,7 +351,7 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
     manager = ClusterManager(store, spark, notify,
                              head_ports=config.head_ports, head_in_task=config.heads_in_tasks(),
                              link_ports=config.link_port_range())
-    metrics = _Metrics(manager.states, manager.node_counters)
+    metrics = Metrics(manager.states, manager.node_counters)
     # Before Spark starts (see load_or_create_server_token).
     tenants = Tenants(load_or_create_server_token(), config.tenants)
     auth = AuthInterceptor(tenants, lambda method, code: metrics.count(
@@ -471,7 +399,7 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
     _freeze_heap()
     bound = f"{config.host}:{port}"
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    await health_servicer.set(service_name, health_pb2.HealthCheckResponse.NOT_SERVING if manager.spark_error
+    await health_servicer.set(service_name, health_pb2.HealthCheckResponse.NOT_SERVING if manager.spark_host.error
                               else health_pb2.HealthCheckResponse.SERVING)
     metrics_port = metrics.start(config.host, config.metrics_port) if config.metrics_port >= 0 else 0
     info = {"address": bound, "pid": os.getpid(), "tls": bool(config.tls_cert), "metrics_port": metrics_port,

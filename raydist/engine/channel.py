@@ -30,10 +30,8 @@ link; proofs are compared in constant time and never logged.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
-import re
 import selectors
 import socket
 import threading
@@ -43,52 +41,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from raydist.engine.handshake import MAX_PENDING as _MAX_PENDING
+from raydist.engine.handshake import Handshakes, listen
 from raydist.engine.limits import raise_open_files
-from raydist.engine.linkauth import NodeKeys, driver_proof, fresh_nonce, node_proof, proven
+from raydist.engine.linkauth import NodeKeys
 from raydist.engine.nodelink import LOG_TAIL_LINES, NodeLink
-from raydist.engine.wire import HANDSHAKE_S, IDLE_S, MAX_LINE, RECONNECT_GRACE_S, enable_keepalive, encode
+from raydist.engine.wire import HANDSHAKE_S, IDLE_S, MAX_LINE, RECONNECT_GRACE_S, enable_keepalive
 
-__all__ = ["NodeChannel", "NodeLink", "LOG_TAIL_LINES"]
+__all__ = ["NodeChannel", "NodeLink", "LOG_TAIL_LINES", "_MAX_PENDING"]
 
 log = logging.getLogger(__name__)
 
-#: Longest hello (or proof) accepted from a connection that has not authenticated yet.
-_HELLO_MAX = 4096
-#: Connections allowed to be saying hello at once; one more is closed at
-#: once (a supervisor tries again), so strangers cannot push out a node
-#: that is saying hello.
-_MAX_PENDING = 64
-#: Connections taken from the listen backlog in one round.
-_ACCEPT_BATCH = 256
-#: Of the connections saying hello, from one address: strangers on one host cannot hold every slot.
-#: (Connections this process dialled to a relay are not counted here.)
-_MAX_PENDING_PER_SOURCE = 8
-#: The node keys a cluster issues (launch.HEAD_KEY and slot.WorkerSlot's
-#: ``wN``): a peer's key names a directory when its logs are kept.
-_NODE_KEY = re.compile(r"(head|w[0-9]{1,9})\Z")
-_NONCE = re.compile(r"[0-9a-f]{32}\Z")
-#: At most one warning about refused connections (or a full file table) this often.
-_REFUSALS_LOG_S = 10.0
 #: Bytes a link may have waiting to be sent before its peer counts as stuck
 #: (it stopped reading) and the connection is dropped (it may resume).
 _OUT_MAX = 4 << 20
 #: How often silent links and grace windows are looked at.
 _TICK_S = 0.5
-#: The listen backlog: a thousand supervisors may dial at once.
-_BACKLOG = 1024
-
-
-@dataclass
-class _Pending:
-    """A connection in its handshake: read bytes, its deadline, and once it
-    said hello, the hello, the node's secret and the challenge's nonce."""
-
-    buf: bytearray
-    deadline: float
-    source: str | None
-    hello: dict[str, Any] | None = None
-    node_secret: str = ""
-    nonce: str = ""
 
 
 @dataclass
@@ -104,21 +72,6 @@ class _Conn:
     writing: bool = False
 
 
-def _listen(host: str, ports: tuple[int, int] | None) -> socket.socket:
-    if ports is None:
-        return socket.create_server((host, 0), backlog=_BACKLOG)
-    low, high = ports
-    for port in range(low, high + 1):
-        try:
-            return socket.create_server((host, port), backlog=_BACKLOG)
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                raise
-    from raydist.errors import LinkPortsInUseError
-
-    raise LinkPortsInUseError(low, high)
-
-
 #: Called with (event, link): event is "hello", "started", "log", "demand", "stopped" or "closed".
 Listener = Callable[[str, NodeLink], None]
 
@@ -126,7 +79,7 @@ Listener = Callable[[str, NodeLink], None]
 class NodeChannel:
     """Driver-side server that every supervisor of one cluster connects to.
 
-    Handshakes are bounded (at most ``_HELLO_MAX`` bytes a line, all within
+    Handshakes are bounded (:mod:`raydist.engine.handshake`: short lines, all within
     ``handshake_s``); only a connection that proves a node key ``keys``
     issued becomes a link. A link that breaks without its node saying
     ``stopped`` is reported ``closed`` only if the supervisor does not resume
@@ -151,7 +104,7 @@ class NodeChannel:
         self._grace_s = grace_s
         self._idle_s = idle_s
         self._handshake_s = handshake_s
-        self._server = _listen(host, ports)
+        self._server = listen(host, ports)
         self._server.setblocking(False)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -166,10 +119,6 @@ class NodeChannel:
         self._stuck: set[socket.socket] = set()
         self._grace: dict[str, tuple[NodeLink, socket.socket, float]] = {}  # loop thread's alone
         self._closing = False
-        self._refused = 0  # refusals not logged yet (the loop thread's alone)
-        self._refusal_logged = -_REFUSALS_LOG_S
-        self._accept_paused_until = 0.0
-        self._accept_backoff = 0.0
         self._stopped = False  # after stop_all(): every node, also one that says hello later, is told to stop
         self._thread = threading.Thread(target=self._run, name=f"raydist-channel-{self.port}", daemon=True)
         self._thread.start()
@@ -255,30 +204,22 @@ class NodeChannel:
 
     def _run(self) -> None:
         self._sel = sel = selectors.DefaultSelector()
-        sel.register(self._server, selectors.EVENT_READ, "server")
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        pending: dict[socket.socket, _Pending] = {}
+        hellos = Handshakes(sel, self._server, self._keys, self._handshake_s, self._admit)
         next_tick = time.monotonic() + _TICK_S
         try:
             while not self._closing:
                 now = time.monotonic()
-                for conn in [c for c, p in pending.items() if p.deadline <= now]:
-                    self._forget(pending, conn, close=True)
-                if self._accept_paused_until and now >= self._accept_paused_until:
-                    self._accept_paused_until = 0.0
-                    sel.register(self._server, selectors.EVENT_READ, "server")
-                wake_at = min([next_tick, *(p.deadline for p in pending.values())]
-                              + ([self._accept_paused_until] if self._accept_paused_until else []))
+                hellos.expire(now)
+                wake_at = min(t for t in (next_tick, hellos.next_deadline()) if t is not None)
                 for key, mask in sel.select(max(0.0, wake_at - now)):
                     if self._closing:
                         break
                     what = key.data
                     if what == "wake":
-                        self._on_wake(pending)
-                    elif what == "server":
-                        self._accept(pending)
-                    elif what == "pending":
-                        self._read_pending(pending, key.fileobj)  # type: ignore[arg-type]
+                        self._on_wake(hellos)
+                    elif what is hellos:
+                        hellos.read(key.fileobj)  # type: ignore[arg-type]
                     elif isinstance(what, _Conn):
                         if mask & selectors.EVENT_WRITE:
                             self._flush(what)
@@ -290,16 +231,21 @@ class NodeChannel:
         except Exception:  # noqa: BLE001 - say why the node links ended; the finally still reports them
             log.exception("the node channel on port %d stopped", self.port)
         finally:
-            self._shut(pending)
+            hellos.close_all()
+            self._shut()
 
-    def _on_wake(self, pending: dict[socket.socket, _Pending]) -> None:
+    def _on_wake(self, hellos: Handshakes) -> None:
         try:
             while self._wake_r.recv(4096):
                 pass
         except OSError:
             pass
         while self._adopted:
-            self._take(pending, self._adopted.popleft(), None)
+            conn = self._adopted.popleft()
+            if self._closing:
+                conn.close()
+            else:
+                hellos.take(conn, None)
         with self._lock:
             stuck, self._stuck = self._stuck, set()
             want, self._want_write = self._want_write, set()
@@ -315,134 +261,6 @@ class NodeChannel:
                 self._broken(conn, by_peer=False)
         if self._stopped:
             self._tick()  # broken links are not waited for any more
-
-    def _accept(self, pending: dict[socket.socket, _Pending]) -> None:
-        # Every connection queued (up to a bound), so that a flood cannot
-        # fill the listen backlog under a node.
-        for _ in range(_ACCEPT_BATCH):
-            try:
-                conn, peer = self._server.accept()
-            except BlockingIOError:
-                break
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    self._pause_accepting(exc)
-                break
-            self._accept_backoff = 0.0
-            self._take(pending, conn, str(peer[0]))
-
-    def _pause_accepting(self, exc: OSError) -> None:
-        """Out of file descriptors: stop accepting for a while (0.1 s, doubling
-        to 5 s) instead of waking on a listener that stays readable."""
-        self._accept_backoff = min(5.0, max(0.1, self._accept_backoff * 2))
-        self._accept_paused_until = time.monotonic() + self._accept_backoff
-        self._sel.unregister(self._server)
-        now = time.monotonic()
-        if now - self._refusal_logged >= _REFUSALS_LOG_S:
-            self._refusal_logged = now
-            log.warning("node channel on port %d cannot accept (%s); pausing %.1f s. Raise the open-file limit "
-                        "(ulimit -n) of the driver", self.port, exc.strerror, self._accept_backoff)
-
-    def _take(self, pending: dict[socket.socket, _Pending], conn: socket.socket, source: str | None) -> None:
-        full = len(pending) >= _MAX_PENDING or (
-            source is not None and sum(1 for p in pending.values() if p.source == source) >= _MAX_PENDING_PER_SOURCE)
-        if full or self._closing:
-            conn.close()  # full: refused, not one saying hello pushed out
-            return
-        conn.setblocking(False)
-        pending[conn] = _Pending(bytearray(), time.monotonic() + self._handshake_s, source)
-        self._sel.register(conn, selectors.EVENT_READ, "pending")
-
-    def _forget(self, pending: dict[socket.socket, _Pending], conn: socket.socket, *, close: bool) -> None:
-        if pending.pop(conn, None) is not None:
-            self._sel.unregister(conn)
-        if close:
-            conn.close()
-
-    def _read_pending(self, pending: dict[socket.socket, _Pending], sock: socket.socket) -> None:
-        state = pending.get(sock)
-        if state is None:
-            return
-        try:
-            chunk = sock.recv(_HELLO_MAX)
-        except BlockingIOError:
-            return
-        except OSError:
-            chunk = b""
-        if not chunk:
-            self._forget(pending, sock, close=True)
-            return
-        state.buf += chunk
-        while True:  # every whole line in: a hello and its proof may come in one read
-            end = state.buf.find(b"\n")
-            if (end < 0 and len(state.buf) > _HELLO_MAX) or end > _HELLO_MAX:
-                self._forget(pending, sock, close=True)
-                return
-            if end < 0:
-                return
-            line, state.buf = bytes(state.buf[:end]), state.buf[end + 1:]
-            try:
-                done = self._step(sock, state, line)
-            except Exception:  # noqa: BLE001 - one bad connection must not stop the others
-                log.exception("node connection failed in its handshake")
-                self._forget(pending, sock, close=True)
-                return
-            if done:
-                self._forget(pending, sock, close=False)
-                if state.hello is not None and state.nonce == "":  # proven: a link now
-                    self._admit(sock, state.hello, bytes(state.buf))
-                return
-
-    def _step(self, conn: socket.socket, state: _Pending, line: bytes) -> bool:
-        """Take one line of ``conn``'s handshake: a hello (answered with the
-        challenge) or the proof (answered with a welcome once admitted). True
-        when the handshake is over; a proven one leaves ``state.nonce`` empty."""
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            msg = None
-        if not isinstance(msg, dict):
-            return self._refuse(conn, "that did not speak the link's protocol")
-        if state.hello is None:
-            key = str(msg.get("key", ""))
-            node_secret = self._keys.secret_of(key) if _NODE_KEY.match(key) else None
-            if msg.get("type") != "hello" or not _NONCE.match(str(msg.get("nonce", ""))):
-                return self._refuse(conn, "that did not say hello")
-            if node_secret is None:
-                return self._refuse(conn, "with a node key the cluster never issued")
-            state.hello, state.node_secret, state.nonce = msg, node_secret, fresh_nonce()
-            challenge = {"type": "challenge", "nonce": state.nonce,
-                         "proof": driver_proof(node_secret, msg, state.nonce)}
-            try:
-                conn.send(encode(challenge))  # a few hundred bytes into an empty socket buffer
-            except OSError:
-                conn.close()
-                state.hello = None
-                return True
-            return False
-        if msg.get("type") != "proof" or not proven(node_proof(state.node_secret, state.hello, state.nonce),
-                                                     msg.get("proof")):
-            why = f"that could not prove node key {state.hello.get('key')}"
-            state.hello = None
-            return self._refuse(conn, why)
-        state.nonce = ""
-        return True
-
-    def _refuse(self, conn: socket.socket, why: str) -> bool:
-        # One warning per _REFUSALS_LOG_S at most (with how many more): a
-        # flood of strangers must not flood the log.
-        now = time.monotonic()
-        self._refused += 1
-        if now - self._refusal_logged >= _REFUSALS_LOG_S:
-            more = f" ({self._refused - 1} more refused since the last warning)" if self._refused > 1 else ""
-            log.warning("refused a node connection %s%s", why, more)
-            self._refused, self._refusal_logged = 0, now
-        try:
-            conn.send(encode({"type": "refused"}))
-        except OSError:
-            pass
-        conn.close()
-        return True
 
     # links --------------------------------------------------------------------
 
@@ -624,9 +442,7 @@ class NodeChannel:
                 self._grace.pop(key, None)
                 self._closed(link)
 
-    def _shut(self, pending: dict[socket.socket, _Pending]) -> None:
-        for conn in list(pending):
-            self._forget(pending, conn, close=True)
+    def _shut(self) -> None:
         while self._adopted:
             self._adopted.popleft().close()
         for conn in list(self._conns.values()):

@@ -238,8 +238,11 @@ def spawn_supervisor(plan: NodePlan, *, argv: list[str], node_ip: str, env: Mapp
     }
     if plan.temp_dir:
         private_dir(plan.temp_dir)
+    # The node's temp dir on the command line names the cluster (raydist-<id>):
+    # the driver's teardown waits for every local process that names it, the
+    # supervisors as well as their Ray processes.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "raydist.engine.supervisor"],
+        [sys.executable, "-m", "raydist.engine.supervisor", *([plan.temp_dir] if plan.temp_dir else [])],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

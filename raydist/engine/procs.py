@@ -53,9 +53,10 @@ def wait_processes_gone(marker: str, deadline: float) -> list[psutil.Process]:
     on this host has ``marker`` in its command line; return those left."""
     while True:
         left = []
-        for proc in psutil.process_iter(["cmdline"]):
+        for proc in psutil.process_iter(["cmdline", "status"]):
             try:
-                if any(marker in part for part in proc.info["cmdline"] or ()):
+                if proc.info["status"] != psutil.STATUS_ZOMBIE and any(
+                        marker in part for part in proc.info["cmdline"] or ()):
                     left.append(proc)
             except psutil.Error:
                 continue

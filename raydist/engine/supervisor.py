@@ -397,12 +397,10 @@ class Supervisor:
                 # The node's Ray session (logs, sockets, spilled objects): on an
                 # executor host nothing else would ever remove it.
                 shutil.rmtree(temp_dir, ignore_errors=True)
+            # The link is left open: it closes when this process ends (main
+            # exits at once), so the driver's "closed" means "gone", and a
+            # teardown that waits for it leaves no supervisor behind.
             self.emit({"type": "stopped", "code": code, "reason": self.reason, "log_tail": []})
-            if self.sock is not None:
-                try:
-                    self.sock.close()
-                except OSError:
-                    pass
         return code
 
 
@@ -422,7 +420,9 @@ def main() -> int:
     cfg = json.loads(sys.stdin.read())
     sys.stdin.close()
     start_sentinel(str(cfg.get("temp_dir") or ""))
-    return Supervisor(cfg).run()
+    code = Supervisor(cfg).run()
+    sys.stdout.flush()
+    os._exit(code)  # no interpreter shutdown to wait on: the link closes as the process ends
 
 
 if __name__ == "__main__":

@@ -1,0 +1,92 @@
+"""The control plane's SparkSession: started in the background, retried, watched, replaced.
+
+Spark takes seconds to start and may not start at all (a master that is not
+there yet); its driver JVM may die under a running server (killed, out of
+memory). :class:`SparkHost` is the one owner of the session: it starts it
+with backoff, says why while it cannot, answers whether it still lives, and
+lets go of a dead one so that the next is new.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from raydist.errors import ControlPlaneUnavailableError
+
+__all__ = ["SparkHost"]
+
+log = logging.getLogger(__name__)
+
+
+class SparkHost:
+    """Owns the server's SparkSession, made by ``factory``."""
+
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self._factory = factory
+        self._spark: Any = None
+        self._lock = threading.Lock()
+        self.error = ""  # why Spark does not run now ("" once it does)
+
+    @property
+    def session(self) -> Any:
+        """The SparkSession; waits while it starts. While it cannot start,
+        ControlPlaneUnavailableError with the reason (:meth:`start` keeps
+        trying)."""
+        with self._lock:
+            if self._spark is None:
+                if self.error:
+                    raise ControlPlaneUnavailableError(
+                        f"the control plane's Spark is not running ({self.error}); it is retried, try again shortly")
+                self._spark = self._factory()
+            return self._spark
+
+    def start(self, on_state: Callable[[bool, str], None], stop: threading.Event) -> None:
+        """Start Spark, retrying with backoff (1 s, doubling, at most 30 s)
+        until it runs or ``stop`` is set; ``on_state(running, reason)`` after
+        each attempt. Blocks: run it in a thread of its own."""
+        backoff = 1.0
+        while not stop.is_set():
+            with self._lock:
+                if self._spark is not None or stop.is_set():
+                    return
+                try:
+                    self._spark = self._factory()
+                    self.error = ""
+                except Exception as exc:  # noqa: BLE001 - reported, then retried
+                    self.error = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+                    log.warning("Spark did not start (%s); retrying in %g s", self.error, backoff)
+            on_state(self._spark is not None, self.error)
+            if self._spark is not None or stop.wait(backoff):
+                return
+            backoff = min(30.0, backoff * 2)
+
+    def alive(self) -> bool:
+        """Whether the session still runs (True while it starts: that is not a death)."""
+        spark = self._spark
+        if spark is None:
+            return True
+        from raydist.engine.sides import side_of
+
+        return side_of(spark).alive()
+
+    def lose(self, why: str) -> Any:
+        """Forget the session (returned: the caller stops or discards it);
+        until :meth:`start` makes another, :attr:`session` says ``why``. A
+        start in progress finishes first."""
+        with self._lock:
+            spark, self._spark = self._spark, None
+            self.error = self.error or why
+        return spark
+
+    def info(self) -> tuple[str, str]:
+        """(master, UI URL) of the Spark target; empty while Spark starts."""
+        spark = self._spark
+        if spark is None:
+            return "", ""
+        from raydist.engine.sides import side_of
+
+        side = side_of(spark)
+        return side.master, side.ui_url
