@@ -5,7 +5,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # Tools spawned by name (`ray`, used by ray.util.spark) must come from .venv.
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: venv demo test test-fast bench-startup bench-startup-standalone bench-training bench-chaos bench-scaling bench-connect bench-horovod lint
+.PHONY: venv demo test test-fast bench-startup bench-startup-standalone bench-training bench-chaos bench-scaling bench-connect bench-horovod bench-scale lint
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -42,6 +42,9 @@ bench-connect: venv
 
 bench-horovod: venv
 	$(PY) benchmarks/horovod.py
+
+bench-scale: venv
+	$(PY) benchmarks/scale.py
 
 lint: venv
 	$(PY) -m ruff check raydist tests benchmarks examples

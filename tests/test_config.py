@@ -117,3 +117,13 @@ def test_a_secret_file_others_can_read_is_narrowed_and_still_read(tmp_path, monk
 def test_link_ports_name_a_range_the_node_links_listen_in() -> None:
     assert ServerConfig().link_port_range() is None  # any free port
     assert ServerConfig.from_toml("[server]\nlink_ports = ' 50200 - 50263 '\n").link_port_range() == (50200, 50263)
+
+
+def test_event_retention_keys_are_read_and_checked() -> None:
+    from raydist.control.config import ServerConfig
+    from raydist.errors import SpecError
+
+    cfg = ServerConfig.from_toml("[server]\nevents_keep = 50\nevents_max_age_s = 3600\n")
+    assert (cfg.events_keep, cfg.events_max_age_s) == (50, 3600.0)
+    with pytest.raises(SpecError, match="server.events_keep"):
+        ServerConfig.from_toml("[server]\nevents_keep = 0\n")

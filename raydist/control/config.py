@@ -7,6 +7,8 @@ one file, ``raydist.toml``::
     host = "0.0.0.0"
     port = 50151
     metrics_port = 9090
+    events_keep = 1000              # each cluster's newest events kept
+    events_max_age_s = 604800       # and none older (7 days)
 
     [spark]
     master = "k8s://https://kubernetes.default.svc"
