@@ -20,6 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_two_workers_run_tasks_and_leave_nothing(spark, no_leftover_ray) -> None:
+    before = {p.pid for p in ray_processes()}
     with raydist.up(spark, name="two", workers=2, cpus_per_worker=1, dashboard=True) as cluster:
         status = cluster.status()
         assert status.state == State.RUNNING
@@ -47,6 +48,8 @@ def test_two_workers_run_tasks_and_leave_nothing(spark, no_leftover_ray) -> None
         marker = cluster.address
     assert cluster.status().state == State.DELETED
     assert not [p for p in ray_processes() if marker in " ".join(p.cmdline())]
+    left = [p for p in ray_processes() if p.pid not in before]  # at once: down() waited for them, supervisors too
+    assert not left, [" ".join(p.cmdline()[:4]) for p in left]
 
 
 def test_gpus_are_mapped_disjointly(spark, no_leftover_ray) -> None:

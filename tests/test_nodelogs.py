@@ -65,3 +65,55 @@ def test_a_node_key_or_file_name_that_climbs_out_writes_nothing_outside_its_run(
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert written == [str((run / "w1" / "evil").relative_to(tmp_path))]
     assert (run / "w1" / "evil").read_bytes() == b"ok!"
+
+
+class _AnsweringLink:
+    """A node that answers a log request after ``delay`` s, counting how many are asked at once."""
+
+    in_flight = 0
+    most = 0
+
+    def __init__(self, key: str, delay: float) -> None:
+        import threading
+
+        from raydist.engine.nodelink import NodeLink
+
+        self.link = NodeLink(key=key, _post=self._post)
+        self.delay = delay
+        self.asked: list[int] = []
+        self._threading = threading
+
+    def _post(self, link, data: bytes) -> bool:  # noqa: ANN001
+        import json
+
+        msg = json.loads(data)
+        self.asked.append(int(msg["max_bytes"]))
+        cls = type(self)
+        cls.in_flight += 1
+        cls.most = max(cls.most, cls.in_flight)
+
+        def answer() -> None:
+            import time
+
+            time.sleep(self.delay)
+            cls.in_flight -= 1
+            link._on_logs({"req": msg["req"], "name": "raylet.out", "size": 3, "data": "YWJj"})
+            link._on_logs({"req": msg["req"], "done": True})
+
+        self._threading.Thread(target=answer, daemon=True).start()
+        return True
+
+
+def test_teardown_log_collection_is_bounded_in_parallel_and_in_total() -> None:
+    # Every teardown asked every node at once, a thread each, up to 1 MiB each.
+    from raydist.engine.nodelogs import MIN_NODE_BYTES, collect
+
+    nodes = {f"w{i}": _AnsweringLink(f"w{i}", 0.01) for i in range(200)}
+    got = collect({k: n.link for k, n in nodes.items()}, timeout=30, total_bytes=1 << 20, in_flight=16)
+    assert set(got) == set(nodes)
+    assert _AnsweringLink.most <= 16
+    assert all(n.asked == [MIN_NODE_BYTES] for n in nodes.values())  # 1 MiB / 200 < 64 KiB: the floor
+    slow = {f"w{i}": _AnsweringLink(f"w{i}", 5.0) for i in range(3)}
+    t = __import__("time").monotonic()
+    assert collect({k: n.link for k, n in slow.items()}, timeout=1.0) == {}  # bounded in time, too
+    assert __import__("time").monotonic() - t < 2.0

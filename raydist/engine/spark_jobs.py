@@ -89,6 +89,7 @@ class WorkerJobs:
         self._failures: dict[str, int] = {}
         self._seq = itertools.count()
         self._closing = False
+        self._close_by = 0.0
         self._ready = False  # begin() was called (this thread's alone)
         self._held: list[WorkerSlot] = []  # started before begin()
         self._thread: threading.Thread | None = None
@@ -128,6 +129,7 @@ class WorkerJobs:
         wait (until ``deadline``) for the jobs to end."""
         with self._cond:
             self._closing = True
+            self._close_by = deadline
             self._cond.notify_all()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -153,8 +155,8 @@ class WorkerJobs:
                 asks = list(self._asks)
                 self._asks.clear()
                 closing = self._closing
-            if closing and not self._running and not asks:
-                break
+            if closing and ((not self._running and not asks) or time.monotonic() > self._close_by):
+                break  # every job ended, or the teardown stopped waiting for them
             try:
                 self._step(asks, closing)
             except Exception:  # noqa: BLE001 - the loop must outlive one bad call
