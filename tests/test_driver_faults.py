@@ -38,31 +38,35 @@ def test_a_write_stuck_on_the_store_stalls_no_read_and_no_health_check(tmp_path:
     # took it: a create whose store write waited stalled GetCluster, List and
     # the health check with it.
     before = {p.pid for p in ray_processes()}
-    srv = Server(tmp_path, free_port()).start().wait_serving()
-    blocker = sqlite3.connect(tmp_path / "state.db", timeout=1, isolation_level=None)
-    created: list[object] = []
+    srv = Server(tmp_path, free_port()).start()
     try:
-        blocker.execute("BEGIN EXCLUSIVE")  # every write now waits (SQLite's busy timeout)
-        creating = threading.Thread(target=lambda: created.append(
-            srv.client(timeout=120).create(ClusterSpec(name="held", workers=1, cpus_per_worker=1))), daemon=True)
-        creating.start()
-        time.sleep(2.0)  # the create holds whatever it holds, waiting on the store
-        assert creating.is_alive(), "the create did not wait on the store: nothing was tested"
-        client = srv.client(timeout=3, retries=0)
-        for _ in range(3):
-            t = time.monotonic()
-            assert _health(srv.address, timeout=3) == health_pb2.HealthCheckResponse.SERVING
-            assert client.list() == []
-            with pytest.raises(RPCError, match="NOT_FOUND"):
-                client.get("other")
-            assert time.monotonic() - t < 1.5, "a read waited on a write"
+        srv.wait_serving()
+        blocker = sqlite3.connect(tmp_path / "state.db", timeout=1, isolation_level=None)
+        created: list[object] = []
+        try:
+            blocker.execute("BEGIN EXCLUSIVE")  # every write now waits (SQLite's busy timeout)
+            creating = threading.Thread(target=lambda: created.append(
+                srv.client(timeout=120).create(ClusterSpec(name="held", workers=1, cpus_per_worker=1))),
+                daemon=True)
+            creating.start()
+            time.sleep(2.0)  # the create holds whatever it holds, waiting on the store
+            assert creating.is_alive(), "the create did not wait on the store: nothing was tested"
+            client = srv.client(timeout=3, retries=0)
+            for _ in range(3):
+                t = time.monotonic()
+                assert _health(srv.address, timeout=3) == health_pb2.HealthCheckResponse.SERVING
+                assert client.list() == []
+                with pytest.raises(RPCError, match="NOT_FOUND"):
+                    client.get("other")
+                assert time.monotonic() - t < 1.5, "a read waited on a write"
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        creating.join(60)
+        assert created, "the create did not finish once the store was free"
+        srv.client().delete("held", allow_missing=True)
     finally:
-        blocker.execute("ROLLBACK")
-        blocker.close()
-    creating.join(60)
-    assert created, "the create did not finish once the store was free"
-    srv.client().delete("held", allow_missing=True)
-    assert srv.stop() == 0
+        assert srv.stop() == 0
     assert not wait_no_ray_processes(timeout=30, ignore=before)
 
 
@@ -132,8 +136,9 @@ def test_a_dead_sparkcontext_is_noticed_rebuilt_and_its_clusters_come_back(tmp_p
     # The control plane was never told: health stayed SERVING and every
     # create failed INTERNAL until someone restarted it.
     before = {p.pid for p in ray_processes()}
-    srv = Server(tmp_path, free_port()).start().wait_serving()
+    srv = Server(tmp_path, free_port()).start()
     try:
+        srv.wait_serving()
         client = srv.client()
         client.create(ClusterSpec(name="phoenix", workers=1, cpus_per_worker=1), restart_on_server_restart=True)
         client.create(ClusterSpec(name="mortal", workers=1, cpus_per_worker=1))

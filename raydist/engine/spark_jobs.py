@@ -44,8 +44,9 @@ log = logging.getLogger(__name__)
 HEALTHY_RUN_S = 60.0
 #: Backoff after the n-th quick failure in a row: 0.5 s * 2**n, at most this.
 MAX_BACKOFF_S = 30.0
-#: How often running jobs are looked at.
+#: How often running jobs are looked at (while the cluster is torn down: more often).
 POLL_S = 0.5
+CLOSING_POLL_S = 0.05
 
 
 def backoff_s(failures: int) -> float:
@@ -148,8 +149,9 @@ class WorkerJobs:
     def _run(self) -> None:
         while True:
             with self._cond:
-                due = self._timers[0][0] if self._timers else time.monotonic() + POLL_S
-                wait = min(POLL_S, due - time.monotonic()) if self._running or self._timers else POLL_S
+                poll = CLOSING_POLL_S if self._closing else POLL_S  # a teardown waits on these ends
+                due = self._timers[0][0] if self._timers else time.monotonic() + poll
+                wait = min(poll, due - time.monotonic()) if self._running or self._timers else poll
                 if not self._asks and wait > 0:
                     self._cond.wait(wait)
                 asks = list(self._asks)
