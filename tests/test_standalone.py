@@ -196,7 +196,7 @@ def test_lost_worker_daemon_degrades_then_heals(deployment: Deployment, no_lefto
         time.sleep(3)
         assert cluster.status().state == State.DEGRADED
         sa.start_worker(host.index)
-        assert cluster.wait_for_workers(2, timeout=180), cluster.events()
+        assert cluster.wait_for_workers(2, timeout=180), "\n".join(m for _, m in cluster.events())
         status = cluster.status()
         assert status.state == State.RUNNING
         restarts = {n.key: n.restarts for n in status.nodes if n.key != "head"}
