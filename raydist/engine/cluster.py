@@ -618,8 +618,11 @@ class RayCluster:
             if self._stopping.is_set() and self._state != State.FAILED:
                 raise ClusterFailedError(f"cluster {self.name!r} was torn down while it started")
             if not self._head.up:
+                # Why, when it is known (its supervisor's exit code, its Spark
+                # task's error), then what `ray start` said.
+                why = f" ({self._message})" if self._state == State.FAILED else ""
                 raise ClusterFailedError(
-                    f"the Ray head of {self.name!r} did not start:\n  " + "\n  ".join(self._head.tail())
+                    f"the Ray head of {self.name!r} did not start{why}:\n  " + "\n  ".join(self._head.tail())
                 )
             if self._state == State.FAILED:
                 raise ClusterFailedError(self._message)
