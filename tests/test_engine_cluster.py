@@ -48,7 +48,9 @@ def test_two_workers_run_tasks_and_leave_nothing(spark, no_leftover_ray) -> None
         marker = cluster.address
     assert cluster.status().state == State.DELETED
     assert not [p for p in ray_processes() if marker in " ".join(p.cmdline())]
-    left = [p for p in ray_processes() if p.pid not in before]  # at once: down() waited for them, supervisors too
+    ours = f"raydist-{cluster._uid}"  # this cluster's processes: its nodes' temp dirs name it, supervisors included
+    # At once: down() waited for them, supervisors too.
+    left = [p for p in ray_processes() if p.pid not in before and ours in " ".join(p.cmdline())]
     assert not left, [" ".join(p.cmdline()[:4]) for p in left]
 
 

@@ -209,5 +209,6 @@ def test_lost_worker_daemon_degrades_then_heals(deployment: Deployment, no_lefto
     # down() returned: nothing raydist started for the cluster is left, not
     # even for a moment (a supervisor outlived it now and then, and
     # bench-startup-standalone counted it).
-    left = [p for p in ray_processes() if p.pid not in before]
+    ours = f"raydist-{cluster._uid}"  # this cluster's processes: its nodes' temp dirs name it, supervisors included
+    left = [p for p in ray_processes() if p.pid not in before and ours in " ".join(p.cmdline())]
     assert not left, [" ".join(p.cmdline()[:4]) for p in left]

@@ -96,17 +96,9 @@ class ClusterManager:
                 row = self._store.get(name)
                 if row is None or row.state in (State.DELETED.value, State.DELETING.value):
                     continue
-                if row.restart:
-                    row.state, row.message = State.CREATING.value, "the control plane's Spark died; starting again"
+                if self._ended(row, back="the control plane's Spark died; starting again",
+                               failed="the control plane's Spark died, and the cluster with it"):
                     back.append(name)
-                else:
-                    row.state = State.FAILED.value
-                    row.message = "the control plane's Spark died, and the cluster with it"
-                row.ready_workers = 0
-                row.address = row.client_address = row.dashboard_url = ""
-                self._store.put(row)
-                self._store.add_event(name, row.state, row.message)
-                self._refresh(row)
         if spark is not None:
             side_of(spark).discard()
         return back
@@ -411,17 +403,10 @@ class ClusterManager:
                     self._store.add_event(name, State.FAILED.value, message)
                 self._protos.unreadable(name, message)
                 continue
-            if row.state not in (State.DELETED.value, State.FAILED.value):
-                if row.restart:
-                    row.state, row.message = State.CREATING.value, "control plane restarted; starting again"
-                    restart.append(row.name)
-                else:
-                    row.state = State.FAILED.value
-                    row.message = "the control plane restarted; the cluster's Ray processes were stopped with it"
-                row.ready_workers = 0
-                row.address = row.client_address = row.dashboard_url = ""
-                self._store.put(row)
-                self._store.add_event(row.name, row.state, row.message)
+            if row.state not in (State.DELETED.value, State.FAILED.value) and self._ended(
+                    row, back="control plane restarted; starting again", refresh=False,
+                    failed="the control plane restarted; the cluster's Ray processes were stopped with it"):
+                restart.append(row.name)
             self._store.prune(row.name)
             self._refresh(row)
         return restart
@@ -463,6 +448,22 @@ class ClusterManager:
                 self._store.add_event(name, current.state, current.message)
                 self._refresh(current)
 
+    def _ended(self, row: ClusterRow, *, back: str, failed: str, refresh: bool = True) -> bool:
+        """A cluster whose processes are gone though nobody deleted it:
+        CREATING with ``back`` when its spec asks to come back (True), else
+        FAILED with ``failed``; written to the store with its event."""
+        if row.restart:
+            row.state, row.message = State.CREATING.value, back
+        else:
+            row.state, row.message = State.FAILED.value, failed
+        row.ready_workers = 0
+        row.address = row.client_address = row.dashboard_url = ""
+        self._store.put(row)
+        self._store.add_event(row.name, row.state, row.message)
+        if refresh:
+            self._refresh(row)
+        return row.restart
+
     def shutdown(self) -> None:
         """Stop every cluster's processes. A cluster whose spec asks to come
         back stays CREATING in the store (the next server starts it again);
@@ -479,16 +480,8 @@ class ClusterManager:
                 row = self._store.get(name)
                 if row is None or row.state in (State.DELETED.value, State.DELETING.value):
                     continue
-                if row.restart:
-                    row.state = State.CREATING.value
-                    row.message = "stopped with the control plane; starts again with it"
-                else:
-                    row.state, row.message = State.FAILED.value, "the control plane stopped, and its clusters with it"
-                row.ready_workers = 0
-                row.address = row.client_address = row.dashboard_url = ""
-                self._store.put(row)
-                self._store.add_event(name, row.state, row.message)
-                self._refresh(row)
+                self._ended(row, back="stopped with the control plane; starts again with it",
+                            failed="the control plane stopped, and its clusters with it")
         # A Spark start still in progress finishes first (it holds the lock),
         # then stops: a SparkContext left running keeps this process alive.
         spark = self.spark_host.lose("the control plane is stopping")

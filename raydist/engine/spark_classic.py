@@ -7,6 +7,7 @@ what other work waits for slots.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Callable, Collection, Iterator
@@ -110,10 +111,11 @@ class ClassicSide(SparkSide):
     def default_parallelism(self) -> int:
         return int(self.spark.sparkContext.defaultParallelism)
 
-    def run_tasks(self, body: TaskBody, n: int = 1, *, group: str, tag: str = "", profile: Any = None,
-                  description: str = "") -> list[str]:
+    @contextlib.contextmanager
+    def _job(self, body: TaskBody, n: int, group: str, tag: str, profile: Any, description: str) -> Iterator[Any]:
+        """The RDD of ``n`` tasks running ``body``, with this thread's group
+        and tag set while it is submitted (labels are the submitting thread's)."""
         sc = self.spark.sparkContext
-        # Groups and tags are this thread's: each job runs in a thread of its own.
         sc.setJobGroup(group, description, True)
         if tag:
             sc.addJobTag(tag)
@@ -121,28 +123,22 @@ class ClassicSide(SparkSide):
             rdd = sc.parallelize(range(n), n)
             if profile is not None:
                 rdd = rdd.withResources(profile)
-            return list(rdd.mapPartitions(functools.partial(_each, body)).collect())
+            yield rdd.mapPartitions(functools.partial(_each, body))
         finally:
             if tag and sc._jsc is not None:
                 sc.removeJobTag(tag)
 
+    def run_tasks(self, body: TaskBody, n: int = 1, *, group: str, tag: str = "", profile: Any = None,
+                  description: str = "") -> list[str]:
+        with self._job(body, n, group, tag, profile, description) as rdd:
+            return list(rdd.collect())
+
     def submit(self, body: TaskBody, n: int = 1, *, group: str, tag: str = "", profile: Any = None,
                description: str = "") -> SparkJob:
         # The JVM runs the job (collectAsync); no Python thread waits for it.
-        # Group and tag are this thread's labels when the job is submitted.
-        sc = self.spark.sparkContext
-        sc.setJobGroup(group, description, True)
-        if tag:
-            sc.addJobTag(tag)
-        try:
-            rdd = sc.parallelize(range(n), n)
-            if profile is not None:
-                rdd = rdd.withResources(profile)
-            future = rdd.mapPartitions(functools.partial(_each, body))._jrdd.collectAsync()
+        with self._job(body, n, group, tag, profile, description) as rdd:
+            future = rdd._jrdd.collectAsync()
             return _FutureJob(future, [int(i) for i in future.jobIds()])
-        finally:
-            if tag and sc._jsc is not None:
-                sc.removeJobTag(tag)
 
     def ended(self, jobs: Collection[SparkJob]) -> list[SparkJob]:
         # One look at the running jobs for all of them; only a job that is
