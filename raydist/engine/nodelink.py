@@ -101,5 +101,9 @@ class LogRequest:
             if not self.box["done"].wait(max(0.0, timeout)):
                 raise TimeoutError(f"node {self.link.key} sent no logs within {timeout:g} s")
         finally:
-            self.link._log_requests.pop(self.id, None)
+            self.forget()
         return [(name, size, bytes(data)) for name, (size, data) in self.box["files"].items()]
+
+    def forget(self) -> None:
+        """Nobody waits for the answer any more (what still comes is dropped)."""
+        self.link._log_requests.pop(self.id, None)

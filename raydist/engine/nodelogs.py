@@ -145,7 +145,7 @@ def collect(links: Mapping[str, Any], timeout: float, *, total_bytes: int = TEAR
         except (TimeoutError, OSError):
             pass
     for _, req in waiting:
-        req.link._log_requests.pop(req.id, None)
+        req.forget()
     return got
 
 

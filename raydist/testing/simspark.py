@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import Any
 
 from raydist.engine.sparkside import SparkJob, SparkSide, TaskBody
@@ -75,9 +75,6 @@ class SimSide(SparkSide):
             job.done.set()  # a warm-up or probe job: nothing to simulate
             return job
         return self.sim.start_node(job, plan, group, tag)
-
-    def ended(self, jobs: Collection[SparkJob]) -> list[SparkJob]:
-        return [job for job in jobs if job.ended()]
 
     def cancel(self, *, group: str = "", tag: str = "") -> None:
         self.sim.order({"op": "cancel", "group": group, "tag": tag})
