@@ -100,3 +100,14 @@ def test_free_ports_taken_one_after_another_never_repeat() -> None:
     taken: set[int] = set()
     ports = [free_port("127.0.0.1", taken) for _ in range(50)]
     assert len(set(ports)) == 50 and taken == set(ports)
+
+
+def test_free_ports_stay_out_of_the_ranges_ray_takes_ports_from() -> None:
+    """Ray's workers bind in 10002-19999 and Ray Client's proxy binds each
+    client's server in 23000-23999, first free first: a node port picked
+    there (and bound seconds later) is taken from under the node."""
+    from raydist.engine.ports import RAY_CLIENT_SERVER_PORTS, free_port
+    from raydist.engine.sizing import RAY_WORKER_PORTS
+
+    ports = [free_port("127.0.0.1") for _ in range(300)]
+    assert not [p for p in ports if p in RAY_WORKER_PORTS or p in RAY_CLIENT_SERVER_PORTS]

@@ -108,6 +108,7 @@ def test_stop_from_driver_kills_the_whole_tree_and_removes_the_temp_dir(channel,
     ch.stop_all()
     assert sup.wait(timeout=15) == 0
     assert rec.wait("stopped")
+    assert ch.links()["w0"].ended_why() == "stopped by the driver"  # what an error about the node says
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not node_dir.exists()  # the node's Ray session goes with it
 
@@ -122,6 +123,7 @@ def test_death_of_watched_process_kills_the_tree(channel) -> None:
     stand_in.wait()
     sup.wait(timeout=15)
     assert rec.wait("closed")
+    assert f"watched process {stand_in.pid} died" in ch.links()["w0"].ended_why()
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
@@ -430,6 +432,7 @@ def test_an_endless_line_from_a_node_breaks_only_its_link() -> None:
         assert rec.wait("hello")
         s.sendall(b'{"type": "log", "line": "' + b"y" * 200_000)
         assert rec.wait("closed", timeout=10)
+        assert "a line longer than" in ch.links()["w0"].ended_why()
         s.close()
     finally:
         ch.close()

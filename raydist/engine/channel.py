@@ -117,7 +117,7 @@ class NodeChannel:
         self._conns: dict[socket.socket, _Conn] = {}
         self._want_write: set[socket.socket] = set()
         self._stuck: set[socket.socket] = set()
-        self._grace: dict[str, tuple[NodeLink, socket.socket, float]] = {}  # loop thread's alone
+        self._grace: dict[str, tuple[NodeLink, socket.socket, float, str]] = {}  # loop thread's alone
         self._closing = False
         self._stopped = False  # after stop_all(): every node, also one that says hello later, is told to stop
         self._thread = threading.Thread(target=self._run, name=f"raydist-channel-{self.port}", daemon=True)
@@ -258,7 +258,7 @@ class NodeChannel:
             if (conn := self._conns.get(sock)) is not None:
                 log.warning("node %s stopped reading its link (%d bytes waiting): dropping the connection",
                             conn.link.key, len(conn.out))
-                self._broken(conn, by_peer=False)
+                self._broken(conn, f"it stopped reading its link ({len(conn.out)} bytes waiting)")
         if self._stopped:
             self._tick()  # broken links are not waited for any more
 
@@ -325,12 +325,12 @@ class NodeChannel:
             return
         except OSError as exc:
             log.debug("node %s: link ended: %s", conn.link.key, exc)
-            self._broken(conn, by_peer=False)
+            self._broken(conn, f"its link failed ({exc})")
             return
         if not chunk:
             # A peer that closed its end is gone (its process died: the
             # kernel closed the socket); a silent or reset link may come back.
-            self._broken(conn, by_peer=True)
+            self._broken(conn, "its supervisor closed the link", by_peer=True)
             return
         conn.heard = time.monotonic()
         conn.buf += chunk
@@ -342,7 +342,7 @@ class NodeChannel:
             if end < 0:
                 if len(conn.buf) > MAX_LINE:
                     log.debug("node %s: a line longer than %d bytes", conn.link.key, MAX_LINE)
-                    self._broken(conn, by_peer=False)
+                    self._broken(conn, f"it sent a line longer than {MAX_LINE} bytes")
                 return
             line = bytes(conn.buf[:end])
             del conn.buf[: end + 1]
@@ -351,7 +351,7 @@ class NodeChannel:
             except ValueError:
                 msg = None
             if not isinstance(msg, dict):
-                self._broken(conn, by_peer=False)
+                self._broken(conn, "it sent a line that is not a JSON object")
                 return
             self._handle(conn.link, msg)
 
@@ -377,6 +377,7 @@ class NodeChannel:
             link.stopped = True
             code = msg.get("code")
             link.exit_code = code if isinstance(code, int) else None
+            link.end_reason = str(msg.get("reason", ""))[:500]
             for tail_line in msg.get("log_tail", []) or []:
                 link.log_tail.append(str(tail_line))
             self._emit("stopped", link)
@@ -411,7 +412,10 @@ class NodeChannel:
             pass
         conn.sock.close()
 
-    def _broken(self, conn: _Conn, *, by_peer: bool) -> None:
+    def _broken(self, conn: _Conn, why: str, *, by_peer: bool = False) -> None:
+        """``conn`` ended (``why``): its link waits for its supervisor to
+        resume it, unless the peer closed it (its process ended) or the node
+        or the cluster is stopping."""
         self._drop(conn)
         link = conn.link
         with self._lock:
@@ -419,13 +423,17 @@ class NodeChannel:
                 return  # resumed over another connection already
             waiting = not (by_peer or link.stopped or self._stopped or self._closing)
         if waiting:
-            log.info("node %s: link broken; waiting %g s for its supervisor to reconnect", link.key, self._grace_s)
-            self._grace[link.key] = (link, conn.sock, time.monotonic() + self._grace_s)
+            log.info("node %s: link broken (%s); waiting %g s for its supervisor to reconnect",
+                     link.key, why, self._grace_s)
+            self._grace[link.key] = (link, conn.sock, time.monotonic() + self._grace_s, why)
         else:
-            self._closed(link)
+            self._closed(link, why)
 
-    def _closed(self, link: NodeLink) -> None:
+    def _closed(self, link: NodeLink, why: str) -> None:
         if not link.closed.is_set():
+            if not link.end_reason:
+                link.end_reason = why
+            log.debug("node %s: link closed: %s", link.key, why)
             link.closed.set()
             self._emit("closed", link)
 
@@ -434,13 +442,14 @@ class NodeChannel:
         now = time.monotonic()
         for conn in [c for c in list(self._conns.values()) if now - c.heard > self._idle_s]:
             log.debug("node %s: silent for %g s", conn.link.key, self._idle_s)
-            self._broken(conn, by_peer=False)
-        for key, (link, sock, deadline) in list(self._grace.items()):
+            self._broken(conn, f"its link was silent for {self._idle_s:g} s")
+        for key, (link, sock, deadline, why) in list(self._grace.items()):
             if link._sock is not sock:
                 self._grace.pop(key, None)  # resumed
             elif deadline <= now or link.stopped or self._stopped or self._closing:
                 self._grace.pop(key, None)
-                self._closed(link)
+                late = deadline <= now
+                self._closed(link, why + (f", and it did not resume within {self._grace_s:g} s" if late else ""))
 
     def _shut(self) -> None:
         while self._adopted:
@@ -448,9 +457,9 @@ class NodeChannel:
         for conn in list(self._conns.values()):
             self._flush(conn)
             self._drop(conn)
-            self._closed(conn.link)
-        for link, _, _ in list(self._grace.values()):
-            self._closed(link)
+            self._closed(conn.link, "the driver's node channel closed")
+        for link, _, _, why in list(self._grace.values()):
+            self._closed(link, why)
         self._grace.clear()
         with self._lock:
             self._closing = True

@@ -563,7 +563,8 @@ class RayCluster:
         elif (event in ("stopped", "closed") and link is self._head.link and not self._stopping.is_set()
               and self._state != State.FAILED):
             self._head.up = False
-            self._set_state(State.FAILED, "the head node stopped: " + " | ".join(self._head.tail()[-3:]))
+            tail = " | ".join(self._head.tail()[-3:])
+            self._set_state(State.FAILED, f"the head node stopped: {link.ended_why()}" + (f": {tail}" if tail else ""))
             # The workers cannot outlive their GCS; tear them down off this thread.
             spawn(self.down, name=f"raydist-{self.name}-failed")
 

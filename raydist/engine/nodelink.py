@@ -38,6 +38,9 @@ class NodeLink:
     started: bool = False
     stopped: bool = False
     exit_code: int | None = None
+    #: Why the node stopped, as its supervisor said (``stopped``), or how its
+    #: link ended without that (the channel's words); "" while it runs.
+    end_reason: str = ""
     info: dict[str, Any] = field(default_factory=dict)
     demand: dict[str, Any] = field(default_factory=dict)  # the head's last demand reading (elastic clusters)
     log_tail: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_TAIL_LINES))
@@ -46,6 +49,12 @@ class NodeLink:
     _post: Callable[[NodeLink, bytes], bool] | None = None
     closed: threading.Event = field(default_factory=threading.Event)
     _log_requests: dict[str, dict[str, Any]] = field(default_factory=dict)  # fetch_logs calls waiting
+
+    def ended_why(self) -> str:
+        """Why this node is gone, for an error a user reads: the
+        supervisor's reason and exit code, or how the link ended."""
+        why = self.end_reason or ("its supervisor said it stopped" if self.stopped else "its link closed")
+        return why + (f" (exit code {self.exit_code})" if self.exit_code else "")
 
     def stop(self, *, hard: bool = False) -> None:
         """Ask the supervisor to tear its node down now; ``hard``: kill its

@@ -5,7 +5,8 @@ A port picked now is bound later, by another process (a GCS, a raylet). The
 kernel hands ports from its ephemeral range to every outgoing connection in
 the meantime, so a port from that range can be taken before the node binds
 it (a head's GCS then fails to start). Ports are picked between Ray's worker
-range and the ephemeral range when that gap is wide enough.
+range and the ephemeral range when that gap is wide enough, outside the
+window Ray Client's proxy takes its servers' ports from.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import random
 import socket
 
 from raydist.engine.sizing import RAY_WORKER_PORTS
+
+#: Where Ray Client's proxy puts each client's own server (ray.util.client.server.proxier).
+RAY_CLIENT_SERVER_PORTS = range(23000, 24000)
 
 __all__ = ["free_port", "preferred_or_free_port", "wait_for_port", "resolve_host", "gcs_host"]
 
@@ -57,9 +61,13 @@ def _quiet_ports() -> range:
             low, high = (int(x) for x in f.read().split())
     except (OSError, ValueError):
         return range(0)
-    below = range(max(RAY_WORKER_PORTS.stop, 1024), low)
-    above = range(max(high + 1, RAY_WORKER_PORTS.stop), 65536)
-    best = max(below, above, key=len)
+    gaps = []
+    for gap in (range(max(RAY_WORKER_PORTS.stop, 1024), low), range(max(high + 1, RAY_WORKER_PORTS.stop), 65536)):
+        # Ray Client's proxy takes its per-client servers' ports from a fixed
+        # window, first free first: a node port picked there races it.
+        gaps += [range(gap.start, min(gap.stop, RAY_CLIENT_SERVER_PORTS.start)),
+                 range(max(gap.start, RAY_CLIENT_SERVER_PORTS.stop), gap.stop)]
+    best = max(gaps, key=len)
     return best if len(best) >= 1000 else range(0)
 
 

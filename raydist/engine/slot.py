@@ -108,7 +108,7 @@ class WorkerSlot:
             self.up = False
             if stopping:
                 return None
-            self.last_reason = "its Ray node stopped" + (f" (exit code {link.exit_code})" if link.exit_code else "")
+            self.last_reason = f"its Ray node stopped: {link.ended_why()}"
             self.counters.losses += 1
             return "", f"worker {self.key} lost: {self.last_reason}"
         return None
