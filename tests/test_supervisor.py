@@ -265,6 +265,37 @@ def test_a_hello_lost_in_a_blip_is_retried_not_taken_for_a_refusal() -> None:
         ch.close()
 
 
+def test_a_handshake_the_node_gave_up_on_after_the_driver_took_it_costs_no_node() -> None:
+    # A supervisor whose wait for its welcome timed out (a loaded host) closes
+    # that connection and says hello again, as the same process; the driver
+    # had taken the first one already. Its close is not the node's end, and the
+    # second hello is the same node, not a new one: a cluster whose head did
+    # this failed with "the head node stopped" while the head ran.
+    rec = Recorder()
+    keys = NodeKeys()
+    ch = NodeChannel("127.0.0.1", keys, rec)
+    first = socket.create_connection((ch.host, ch.port))
+    second = socket.create_connection((ch.host, ch.port))
+    try:
+        say_hello(first, "w0", keys.issue("w0"), incarnation="same")
+        assert rec.wait("hello")
+        first.close()
+        time.sleep(0.5)  # the driver reads the close before the next hello
+        say_hello(second, "w0", keys.issue("w0"), incarnation="same")
+        time.sleep(1.0)
+        assert rec.events == [("hello", "w0"), ("resumed", "w0")], rec.events
+        assert not ch.links()["w0"].closed.is_set()
+        ch.links()["w0"].stop()  # what the driver says reaches the connection the node uses
+        second.settimeout(5)
+        assert json.loads(second.recv(4096)) == {"cmd": "stop"}
+        second.close()  # a close that is not followed by a hello is the node's end, after a moment
+        assert rec.wait("closed", timeout=15)
+    finally:
+        first.close()
+        second.close()
+        ch.close()
+
+
 def test_a_link_broken_past_the_grace_window_stops_the_node(short_link) -> None:
     ch, rec, secret, proxy = short_link
     sup = _start_at(("127.0.0.1", proxy.port), secret, [], idle_s=1.5, heartbeat_s=0.3, grace_s=3)

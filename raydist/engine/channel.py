@@ -57,6 +57,10 @@ log = logging.getLogger(__name__)
 _OUT_MAX = 4 << 20
 #: How often silent links and grace windows are looked at.
 _TICK_S = 0.5
+#: How long a link whose peer closed it waits for the same supervisor to say
+#: hello again (it retries a failed handshake within a second) before the node
+#: counts as gone.
+CLOSED_GRACE_S = 3.0
 
 
 @dataclass
@@ -72,7 +76,8 @@ class _Conn:
     writing: bool = False
 
 
-#: Called with (event, link): event is "hello", "started", "log", "demand", "stopped" or "closed".
+#: Called with (event, link): event is "hello", "resumed" (the same supervisor on a new
+#: connection), "started", "log", "demand", "stopped" or "closed".
 Listener = Callable[[str, NodeLink], None]
 
 
@@ -277,8 +282,11 @@ class NodeChannel:
         with self._lock:
             old = self._links.get(key)
             late = self._stopped or self._closing
-            resumed = bool(hello.get("resume") and old is not None and incarnation
-                           and old.incarnation == incarnation and not old.closed.is_set())
+            # The same supervisor process (its incarnation) carries on with its
+            # link: after a break (``resume``), or after a handshake it gave up
+            # on once the driver had taken it (a first hello said again).
+            resumed = bool(old is not None and incarnation and old.incarnation == incarnation
+                           and not old.closed.is_set())
             if resumed:
                 assert old is not None
                 link, stale = old, old._sock
@@ -307,6 +315,7 @@ class NodeChannel:
             link.stop()
         if resumed:
             log.info("node %s resumed its link", key)
+            self._emit("resumed", link)  # what was said on the old connection may be lost
         elif hello.get("resume"):
             # The driver gave up on this node already (its grace ran out
             # here first, or the node was replaced): it must not come back.
@@ -328,8 +337,10 @@ class NodeChannel:
             self._broken(conn, f"its link failed ({exc})")
             return
         if not chunk:
-            # A peer that closed its end is gone (its process died: the
-            # kernel closed the socket); a silent or reset link may come back.
+            # A peer that closed its end is gone, as a rule (its process
+            # died: the kernel closed the socket); it gets a moment, though,
+            # since a supervisor whose handshake timed out on its side
+            # closes a connection the driver took, and says hello again.
             self._broken(conn, "its supervisor closed the link", by_peer=True)
             return
         conn.heard = time.monotonic()
@@ -414,18 +425,18 @@ class NodeChannel:
 
     def _broken(self, conn: _Conn, why: str, *, by_peer: bool = False) -> None:
         """``conn`` ended (``why``): its link waits for its supervisor to
-        resume it, unless the peer closed it (its process ended) or the node
-        or the cluster is stopping."""
+        resume it (the grace window; a few seconds when the peer closed it),
+        unless the node or the cluster is stopping."""
         self._drop(conn)
         link = conn.link
         with self._lock:
             if link._sock is not conn.sock:
                 return  # resumed over another connection already
-            waiting = not (by_peer or link.stopped or self._stopped or self._closing)
+            waiting = not (link.stopped or self._stopped or self._closing)
         if waiting:
-            log.info("node %s: link broken (%s); waiting %g s for its supervisor to reconnect",
-                     link.key, why, self._grace_s)
-            self._grace[link.key] = (link, conn.sock, time.monotonic() + self._grace_s, why)
+            grace = min(self._grace_s, CLOSED_GRACE_S) if by_peer else self._grace_s
+            log.info("node %s: link broken (%s); waiting %g s for its supervisor to reconnect", link.key, why, grace)
+            self._grace[link.key] = (link, conn.sock, time.monotonic() + grace, why)
         else:
             self._closed(link, why)
 
@@ -448,8 +459,7 @@ class NodeChannel:
                 self._grace.pop(key, None)  # resumed
             elif deadline <= now or link.stopped or self._stopped or self._closing:
                 self._grace.pop(key, None)
-                late = deadline <= now
-                self._closed(link, why + (f", and it did not resume within {self._grace_s:g} s" if late else ""))
+                self._closed(link, why + (", and it did not come back in time" if deadline <= now else ""))
 
     def _shut(self) -> None:
         while self._adopted:

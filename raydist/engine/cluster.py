@@ -533,7 +533,8 @@ class RayCluster:
             slot = self._pool.find(link.key)
             if slot is None:
                 return
-            if event == "hello" and self._head.in_task and self._head.up:
+            if event in ("hello", "resumed") and self._head.in_task and self._head.up:
+                # Said again on a resumed link: it may have been lost with the old connection.
                 link.tell({"cmd": "head", "address": self.address})
             change = slot.on_link(event, link, stopping=self._stopping.is_set() or slot.retired.is_set())
             if change is not None:
