@@ -136,6 +136,7 @@ def test_serve_runs_clusters_on_a_spark_it_reaches_only_through_connect(connect_
     assert not wait_no_ray_processes(ignore=before)
 
 
+@pytest.mark.timeout(900)  # two whole programs, each side's runs, and ours waits 75 s on purpose
 def test_torch_distributor_on_connect_gives_what_pyspark_gives(connect_server, no_leftover_ray, tmp_path) -> None:
     # The same user program, one import changed, on pyspark's class and on raydist's.
     theirs = run_program("connect_distributor.py", connect_server.url, "--original", home=tmp_path)

@@ -188,8 +188,9 @@ class WorkerJobs:
                 self._side.submit(warm_executor, arg, group=self._group, profile=self.profile,
                                   description=f"raydist cluster {self._cluster}: warm the executors for new nodes")
         ended = self._side.ended([r.job for r in self._running.values()]) if self._running else []
+        runs = {id(r.job): r for r in self._running.values()} if ended else {}
         for job in ended:
-            run = next(r for r in self._running.values() if r.job is job)
+            run = runs[id(job)]
             del self._running[run.slot.key]
             error = job.error()
             self._ended(run, first_error_line(RuntimeError(error)) if error else "its Spark task ended", closing)
