@@ -14,7 +14,7 @@ import pytest
 
 from raydist.testing.connect import ConnectServer
 from raydist.testing.netns import HostNetwork, netns_unavailable_reason
-from tests.probe import run_client_py, run_program
+from tests.probe import run_client_py, run_original, run_program
 
 pytestmark = pytest.mark.integration
 
@@ -139,7 +139,7 @@ def test_serve_runs_clusters_on_a_spark_it_reaches_only_through_connect(connect_
 @pytest.mark.timeout(900)  # two whole programs, each side's runs, and ours waits 75 s on purpose
 def test_torch_distributor_on_connect_gives_what_pyspark_gives(connect_server, no_leftover_ray, tmp_path) -> None:
     # The same user program, one import changed, on pyspark's class and on raydist's.
-    theirs = run_program("connect_distributor.py", connect_server.url, "--original", home=tmp_path)
+    theirs = run_original("connect_distributor.py", connect_server.url, home=tmp_path, timeout=300)
     ours = run_program("connect_distributor.py", connect_server.url, home=tmp_path)
     assert ours["losses"][:2] == theirs["losses"] and len(theirs["losses"]) == 2, (ours, theirs)
     assert ours["count"] == theirs["count"] == 10  # the user's own Spark work after the runs
@@ -176,7 +176,7 @@ def test_a_client_nothing_can_dial_runs_a_cluster(no_leftover_ray, tmp_path) -> 
 @pytest.mark.timeout(1500)  # two whole programs: every distributor, each side
 def test_every_distributor_runs_on_connect_as_on_the_original(connect_server, no_leftover_ray, tmp_path) -> None:
     ours = run_program("connect_surface.py", connect_server.url, home=tmp_path / "ours")
-    theirs = run_program("connect_surface.py", connect_server.url, "--original", home=tmp_path / "theirs")
+    theirs = run_original("connect_surface.py", connect_server.url, home=tmp_path / "theirs")
 
     # TorchDistributor on the cluster and on the client: the original's results.
     assert [r["loss"] for r in ours["runs"]] == [r["loss"] for r in theirs["runs"]]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.probe import run_program
+from tests.probe import run_original, run_program
 
 pytestmark = pytest.mark.integration
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration
 @pytest.mark.timeout(1200)  # two whole programs; DeepSpeed compiles its CPU ops on first use in a new venv
 def test_a_spark_users_program_runs_unchanged_on_the_session_cluster(no_leftover_ray) -> None:
     ours = run_program("spark_user.py")
-    theirs = run_program("spark_user.py", "--original")
+    theirs = run_original("spark_user.py")
 
     # Same training results, and what the function sees of its command line.
     assert [r["loss"] for r in ours["runs"][:2]] == [r["loss"] for r in theirs["runs"]]

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from tests.probe import run_program
+from tests.probe import run_original, run_program
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +22,7 @@ KEYS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
 @pytest.mark.timeout(1500)  # 90 s of other work, five session clusters, and the original's program
 def test_a_notebooks_life_keeps_the_process_whole(no_leftover_ray) -> None:
     ours = run_program("notebook_life.py", timeout=1200)
-    theirs = run_program("notebook_life.py", "--original", timeout=600)
+    theirs = run_original("notebook_life.py", timeout=480)
 
     runs = ("run1", "run2", "run3", "run4", "run5", "run6", "run7")
     # Every run trains, with the same result as Spark's own distributor.
