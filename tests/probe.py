@@ -3,6 +3,7 @@ fresh Python process connects with the cluster's environment and reports."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -100,7 +101,8 @@ def run_program(name: str, *args: str, home: Path | None = None, timeout: float 
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
+        with contextlib.suppress(ProcessLookupError):  # it may have ended just now
+            os.killpg(proc.pid, 9)
         proc.communicate()
         raise
     proc = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
