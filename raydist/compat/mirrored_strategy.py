@@ -3,6 +3,7 @@ signature, on Ray Train."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -44,10 +45,12 @@ class MirroredStrategyRunner:
     :mod:`raydist.train._keras2` for how, and what it costs).
 
     Mapping of arguments:
-        num_slots: training workers (one GPU each when ``use_gpu``).
+        num_slots: GPUs in all when ``use_gpu`` (one worker per Spark task,
+            each with its task's ``spark.task.resource.gpu.amount`` GPUs, as
+            Spark's runs them), else CPU workers.
         local_mode: as in Spark: ``train_fn`` runs in this process (one CPU
             slot, or up to this machine's GPUs).
-        use_gpu: one GPU per worker.
+        use_gpu: train on GPUs.
         gpu_resource_name: only ``"gpu"`` exists on Ray; another name is an error.
         use_custom_strategy: as in Spark.
 
@@ -90,12 +93,21 @@ class MirroredStrategyRunner:
             return self._run_here(train_fn, kwargs)
         from ray.train import FailureConfig
 
+        from raydist.train.runtime import gpu_run_shape, spark_task_resources
         from raydist.train.tensorflow import TensorflowTrainer
 
+        workers, resources = self.num_slots, {"CPU": 1.0}
+        if self.use_gpu:
+            # As Spark's: one worker per Spark task, with that task's GPUs
+            # (spark.task.resource.gpu.amount), num_slots GPUs in all.
+            task_cpus, task_gpus = spark_task_resources()
+            shape, _ = gpu_run_shape(self.num_slots, task_cpus, task_gpus)
+            workers, resources = shape.workers, {"CPU": float(shape.cpus), "GPU": float(shape.gpus)}
         trainer = TensorflowTrainer(
             _strategy_worker(train_fn, kwargs, self.use_custom_strategy),
-            workers=self.num_slots,
+            workers=workers,
             use_gpu=self.use_gpu,
+            resources_per_worker=resources,
             failure_config=FailureConfig(max_failures=self.max_failures),
             cluster=self.cluster,
         )
@@ -105,8 +117,19 @@ class MirroredStrategyRunner:
             self.last_result = trainer.last_result
 
     def _run_here(self, train_fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
-        """Spark's local mode: this process, CPU only unless ``use_gpu``."""
-        from raydist.train.runtime import scoped_env
+        """Spark's local mode: this process, CPU only unless ``use_gpu``; with
+        ``use_gpu``, ``num_slots`` of the driver's GPUs picked at random, as
+        Spark's picks them (this process's own where Spark gave the driver none)."""
+        from raydist.train.runtime import driver_gpus, scoped_env
 
-        with scoped_env({} if self.use_gpu else {"CUDA_VISIBLE_DEVICES": ""}):
+        env = {"CUDA_VISIBLE_DEVICES": ""}
+        if self.use_gpu:
+            owned = driver_gpus()
+            env = {}
+            if owned is not None:
+                if self.num_slots > len(owned):
+                    raise TrainingConfigError("num_slots", self.num_slots,
+                                              f"local mode has the driver's {len(owned)} GPUs: use at most that many")
+                env = {"CUDA_VISIBLE_DEVICES": ",".join(random.sample(owned, self.num_slots))}
+        with scoped_env(env):
             return _run_program(train_fn, kwargs, self.use_custom_strategy)

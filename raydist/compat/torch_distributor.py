@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +13,8 @@ from raydist.errors import TrainingConfigError
 from raydist.train.runtime import DEFAULT_KEEP_WARM_S
 
 __all__ = ["TorchDistributor"]
+
+log = logging.getLogger(__name__)
 
 
 class TorchDistributor:
@@ -35,9 +39,21 @@ class TorchDistributor:
             ``cluster`` if given, else the Ray cluster this process is
             connected to, ``RAY_ADDRESS``, else the session cluster on the
             active SparkSession, started on first use and kept warm
-            (:mod:`raydist.train.session`). CPU runs keep their Ray Train
+            (:mod:`raydist.train.session`). Runs keep their Ray Train
             workers warm too (:mod:`raydist.train.resident`): the next run
-            forks each worker instead of starting new processes.
+            forks each worker instead of starting new processes (a GPU
+            worker never touches CUDA itself, so each forked job starts
+            CUDA afresh).
+
+    GPUs (``use_gpu=True``), as pyspark gives them: each process sees the
+    GPUs Spark gave its task in ``CUDA_VISIBLE_DEVICES`` (mapped through an
+    executor's own ``CUDA_VISIBLE_DEVICES``), one process per GPU of a task
+    (``spark.task.resource.gpu.amount``, default 1), ``LOCAL_RANK`` and
+    ``LOCAL_WORLD_SIZE`` count the processes of that task, so
+    ``torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`` picks the
+    process's own device; no process group exists before the function makes
+    one. In local mode the processes share ``num_processes`` of the driver's
+    GPUs picked at random, as in pyspark (at most one process per GPU).
 
     Besides Spark's arguments:
         cluster: the raydist cluster (a handle or name) for local_mode=False.
@@ -46,8 +62,7 @@ class TorchDistributor:
             the run).
         keep_warm_s: how long the warm processes (and the session cluster
             under them) stay up after a run. ``0`` starts new processes for
-            every run. GPU runs on Ray always start a new Ray Train run (a
-            CUDA context does not survive a fork).
+            every run.
     """
 
     #: Whether runs on Ray may reuse warm workers at all (DeepSpeed's may not).
@@ -78,12 +93,14 @@ class TorchDistributor:
         self.last_result: Any = None
         """Ray Train's Result of the last run that had a Ray Train run of its
         own; None for a local run or a run on warm workers."""
+        self._train_object: Any = None
 
     def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
         return self._fit(plain(self._job(train_object, args, kwargs)))
 
     def _job(self, train_object: Callable[..., Any] | str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ArgvJob:
         """Check ``run``'s input; the job each process runs."""
+        self._train_object = train_object
         if isinstance(train_object, str):
             if not os.path.isfile(train_object):
                 raise TrainingConfigError("train_object", train_object, "no such training script")
@@ -112,49 +129,87 @@ class TorchDistributor:
         if self.local_mode:
             local = session.local_run(self.keep_warm_s)
             try:
-                return local.run(job, self.num_processes)
+                return local.run(job, self._local_processes(), env=self._local_gpus())
             finally:
                 if self.keep_warm_s == 0:
                     local.close()
-        if self._warm_capable and self.keep_warm_s > 0 and not self.use_gpu:
-            return self._fit_warm(session, job)
-        return self._fit_fresh(job)
+        shape, resources = self._placement()
+        if self._warm_capable and self.keep_warm_s > 0:
+            return self._fit_warm(session, job, shape, resources)
+        return self._fit_fresh(job, shape, resources)
 
-    def _fit_warm(self, session: Any, job: Callable[[], Any]) -> Any:
+    def _placement(self) -> tuple[Any, dict[str, float]]:
+        """The session cluster a run on Ray asks for (None: one node of one
+        CPU per process) and what each process takes of its node. A GPU run
+        is laid out as pyspark lays it out: one node per Spark task of
+        ``spark.task.resource.gpu.amount`` GPUs, one process per GPU."""
+        from raydist.train.runtime import gpu_run_shape, spark_task_resources
+
+        if not self.use_gpu:
+            return None, {"CPU": 1.0}
+        task_cpus, task_gpus = spark_task_resources()
+        if self.num_processes % task_gpus:
+            raise TrainingConfigError(
+                "num_processes", self.num_processes,
+                f"must be a multiple of spark.task.resource.gpu.amount ({task_gpus}), as in pyspark",
+            )
+        return gpu_run_shape(self.num_processes, task_cpus, task_gpus)
+
+    def _local_processes(self) -> int:
+        """pyspark's local mode runs at most one process per driver GPU."""
+        gpus = self._driver_gpus()
+        if gpus is not None and self.num_processes > len(gpus):
+            log.warning(
+                "'num_processes' cannot be set to a value greater than the number of available GPUs on the "
+                "driver, which is %d. 'num_processes' was reset to be equal to the number of available GPUs.",
+                len(gpus),
+            )
+            return len(gpus)
+        return self.num_processes
+
+    def _driver_gpus(self) -> list[str] | None:
+        from raydist.train.runtime import driver_gpus
+
+        return driver_gpus() if self.use_gpu else None
+
+    def _local_gpus(self) -> dict[str, str] | None:
+        """The local processes' ``CUDA_VISIBLE_DEVICES``: as pyspark's local
+        mode picks them, ``num_processes`` of the driver's GPUs at random
+        (seeded by the training object), so ``LOCAL_RANK`` indexes them. None
+        (this process's own) where Spark gave the driver no GPUs."""
+        gpus = self._driver_gpus()
+        if gpus is None:
+            return None
+        rng = random.Random(hash(self._train_object))
+        return {"CUDA_VISIBLE_DEVICES": ",".join(rng.sample(gpus, min(self.num_processes, len(gpus))))}
+
+    def _fit_warm(self, session: Any, job: Callable[[], Any], shape: Any, resources: dict[str, float]) -> Any:
         with session.connected(
-            self.cluster, workers=self.num_processes, cpus_per_worker=1, use_gpu=False, keep_warm_s=self.keep_warm_s
+            self.cluster, workers=self.num_processes, cpus_per_worker=resources["CPU"], use_gpu=self.use_gpu,
+            keep_warm_s=self.keep_warm_s, shape=shape,
         ) as handle:
             return session.resident.run(
                 job,
                 workers=self.num_processes,
-                resources_per_worker={"CPU": 1},
+                resources_per_worker=resources,
+                use_gpu=self.use_gpu,
                 max_failures=self.max_failures,
                 keep_alive_s=self.keep_warm_s,
                 raydist_cluster=handle is not None,
             )
 
-    def _fit_fresh(self, job: Callable[[], Any]) -> Any:
-        from ray.train import FailureConfig, RunConfig
+    def _fit_fresh(self, job: Callable[[], Any], shape: Any, resources: dict[str, float]) -> Any:
+        from raydist.train.runtime import TorchrunTrainer
 
-        from raydist.compat._torchrun import as_torchrun_worker
-        from raydist.train.runtime import TORCHRUN_PRIORITY_ENV
-        from raydist.train.torch import TorchTrainer
-
-        def worker(_config: Any) -> Any:
-            from raydist.train.runtime import keep_destroyed_groups
-
-            as_torchrun_worker()
-            keep_destroyed_groups()  # this worker ends with the run; see raydist.train._fork
-            return job()
-
-        trainer = TorchTrainer(
-            worker,
+        trainer = TorchrunTrainer(
+            job,
             workers=self.num_processes,
             use_gpu=self.use_gpu,
-            failure_config=FailureConfig(max_failures=self.max_failures),
-            run_config=RunConfig(worker_runtime_env=TORCHRUN_PRIORITY_ENV),
+            resources_per_worker=resources,
+            max_failures=self.max_failures,
             cluster=self.cluster,
             keep_warm_s=self.keep_warm_s,
+            shape=shape,
         )
         try:
             return trainer.run()

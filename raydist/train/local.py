@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 from raydist.errors import ClusterFailedError
@@ -89,11 +88,13 @@ class LocalRun:
                                       name="raydist-local-output")
         self._pump.start()
 
-    def run(self, job: Callable[[], Any], world: int) -> Any:
+    def run(self, job: Callable[[], Any], world: int, env: Mapping[str, str] | None = None) -> Any:
+        """``job()`` in ``world`` processes, each with this process's
+        environment plus ``env``; rank 0's value."""
         from pyspark import cloudpickle
 
         request = cloudpickle.dumps(
-            {"job": cloudpickle.dumps(job), "world": world, "env": dict(os.environ),
+            {"job": cloudpickle.dumps(job), "world": world, "env": {**os.environ, **(env or {})},
              "cwd": os.getcwd(), "sys_path": list(sys.path)}
         )
         with self._lock:
@@ -181,12 +182,6 @@ def _rank0_or_raise(outcomes: list[tuple[str, Any]], pickler: Any) -> Any:
 # --------------------------------------------------------------- the forker
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _child_job(payload: bytes, env: dict[str, str], pickler: Any) -> Callable[[], Any]:
     def run() -> Any:
         os.environ.clear()
@@ -201,6 +196,7 @@ def _serve(reply_fd: int, keep_alive_s: float) -> None:
 
     from pyspark import cloudpickle
 
+    from raydist.engine.ports import free_port
     from raydist.train._fork import run_ranks
 
     stdin = sys.stdin.buffer
@@ -221,7 +217,7 @@ def _serve(reply_fd: int, keep_alive_s: float) -> None:
             world = request["world"]
             common = {**request["env"], "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
                       "NODE_RANK": "0", "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                      "MASTER_PORT": str(_free_port())}
+                      "MASTER_PORT": str(free_port("127.0.0.1"))}
             jobs = [
                 _child_job(request["job"], {**common, "RANK": str(rank), "LOCAL_RANK": str(rank)}, cloudpickle)
                 for rank in range(world)

@@ -27,6 +27,8 @@ counts as a lost worker.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Mapping
@@ -60,15 +62,15 @@ def _serve(config: dict[str, Any]) -> None:
     """The training function of a resident run: take jobs until told to end.
     Each job runs in a child forked from this warm worker
     (:mod:`raydist.train._fork`)."""
-    import socket
-
     import ray
     import ray.train
     import torch  # noqa: F401 - imported once here, so every job's fork starts with it
     from ray import cloudpickle
     from ray.train.collective import broadcast_from_rank_zero
 
+    from raydist.engine.ports import free_port
     from raydist.train._fork import ERROR, LOST, OK, pickle_error, run_forked
+    from raydist.train._layout import LAYOUT_KEYS
 
     board = config["board"]
     ctx = ray.train.get_context()
@@ -76,13 +78,9 @@ def _serve(config: dict[str, Any]) -> None:
     # Each worker group (a restart makes a new one) is a generation of the board.
     gen = broadcast_from_rank_zero(ray.get(board.new_generation.remote(world)) if rank == 0 else None)
     ray.get(board.register.remote(gen, rank, ray.get_runtime_context().current_actor))
-    base_env = {
-        "RANK": str(rank),
-        "WORLD_SIZE": str(world),
-        "LOCAL_RANK": str(ctx.get_local_rank()),
-        "LOCAL_WORLD_SIZE": str(ctx.get_local_world_size()),
-        "NODE_RANK": str(ctx.get_node_rank()),
-    }
+    # Set in this worker by the run's layout callback (raydist.train._layout),
+    # CUDA_VISIBLE_DEVICES with them; every job's child inherits them.
+    base_env = {key: os.environ[key] for key in LAYOUT_KEYS}
     after = 0
     while True:
         job = ray.get(board.next_job.remote(gen, after))
@@ -91,10 +89,8 @@ def _serve(config: dict[str, Any]) -> None:
         seq, payload = job
         after = seq
         if rank == 0:
-            with socket.socket() as s:
-                s.bind(("", 0))
-                port = s.getsockname()[1]
             addr = ray.util.get_node_ip_address()
+            port = free_port(addr)
             ray.get(board.publish_rendezvous.remote(gen, seq, addr, port))
         else:
             found = ray.get(board.get_rendezvous.remote(gen, seq))
@@ -103,6 +99,7 @@ def _serve(config: dict[str, Any]) -> None:
             addr, port = found
         try:
             fn = cloudpickle.loads(payload)  # imports what the job needs here, once, before the fork
+            _check_cuda_untouched()
         except BaseException as e:  # noqa: BLE001 - reported like the job's own error
             ray.get(board.report.remote(gen, seq, rank, False, pickle_error(e)))
             continue
@@ -119,15 +116,28 @@ def _serve(config: dict[str, Any]) -> None:
             ray.get(board.report.remote(gen, seq, rank, kind == OK, value if kind == ERROR or rank == 0 else b""))
 
 
+def _check_cuda_untouched() -> None:
+    """A CUDA context does not survive a fork: a warm worker never starts
+    CUDA itself (importing torch does not), each job's child does. Should
+    something the job's pickle imported have started it here, the job fails
+    with why instead of every child failing in CUDA."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        raise RuntimeError("CUDA was initialised in the warm training worker itself (by a module the job "
+                           "imports?), so jobs forked from it cannot use the GPU; run with keep_warm_s=0")
+
+
 class ResidentRun:
-    """One warm Ray Train run of ``workers`` CPU workers that runs jobs in turn.
+    """One warm Ray Train run of ``workers`` workers that runs jobs in turn.
 
     ``run(job)`` runs ``job()`` on every worker and returns rank 0's value;
     the first worker's error is raised in the caller, with the worker's
     traceback as a note, and the other workers' copies of the job are
     stopped; the workers stay warm. Jobs run one at a time; ``close()`` ends
-    the run. GPU workers are not offered: a CUDA context does not survive
-    the fork each job starts with.
+    the run. With ``use_gpu`` each worker holds one GPU; the worker itself
+    never starts CUDA, so each job's child (forked before any CUDA call)
+    starts it afresh. Each worker's devices and local rank come from
+    :mod:`raydist.train._layout`.
     """
 
     def __init__(
@@ -135,11 +145,13 @@ class ResidentRun:
         *,
         workers: int,
         resources_per_worker: Mapping[str, float] | None = None,
+        use_gpu: bool = False,
         max_failures: int = 0,
         keep_alive_s: float,
         raydist_cluster: bool = True,
     ) -> None:
         self.workers = workers
+        self.use_gpu = use_gpu
         self.raydist_cluster = raydist_cluster
         self.resources_per_worker = dict(resources_per_worker or {"CPU": 1})
         self.max_failures = max_failures
@@ -170,6 +182,7 @@ class ResidentRun:
         from raydist.train._board import board_actor
         from raydist.train._env import run_settings
         from raydist.train._fit import fit_ready
+        from raydist.train._layout import layout_callback
 
         self._board = board_actor(self.keep_alive_s)
         # Not TorchTrainer: each job makes its own process group, as under
@@ -180,13 +193,13 @@ class ResidentRun:
             _serve,
             train_loop_config={"board": self._board},
             scaling_config=ScalingConfig(
-                num_workers=self.workers, use_gpu=False, resources_per_worker=self.resources_per_worker
+                num_workers=self.workers, use_gpu=self.use_gpu, resources_per_worker=self.resources_per_worker
             ),
             run_config=RunConfig(
                 name=f"raydist-resident-{uuid.uuid4().hex[:8]}",
                 failure_config=FailureConfig(max_failures=self.max_failures),
                 worker_runtime_env=TORCHRUN_PRIORITY_ENV,
-                callbacks=[_controller_on_board(self._board)],
+                callbacks=[_controller_on_board(self._board), layout_callback(self.use_gpu)],
             ),
         ), raydist_cluster=self.raydist_cluster)
         # The run's controller gets its settings from the context the run starts in.
@@ -375,13 +388,14 @@ class ResidentRuns:
         self._kept: _Kept | None = None
 
     def run(self, job: Callable[[], Any], *, workers: int, resources_per_worker: Mapping[str, float],
-            max_failures: int, keep_alive_s: float, raydist_cluster: bool = True) -> Any:
+            max_failures: int, keep_alive_s: float, use_gpu: bool = False, raydist_cluster: bool = True) -> Any:
         """Run ``job()`` on the resident run for these settings on the
         connected cluster (started if needed; ``raydist_cluster``: that
         cluster is raydist's own); rank 0's return value. One that differs
         only in ``keep_alive_s`` takes the new value."""
-        key = (connected_address(), workers, tuple(sorted(resources_per_worker.items())), max_failures)
-        kept = self._take(key, workers, resources_per_worker, max_failures, keep_alive_s, raydist_cluster)
+        key = (connected_address(), workers, tuple(sorted(resources_per_worker.items())), use_gpu, max_failures)
+        kept = self._take(key, workers, resources_per_worker, use_gpu, max_failures, keep_alive_s,
+                          raydist_cluster)
         try:
             kept.run.keep_alive(keep_alive_s)
             return kept.run.run(job)
@@ -391,7 +405,7 @@ class ResidentRuns:
                 self._changed.notify_all()
 
     def _take(self, key: tuple[Any, ...], workers: int, resources_per_worker: Mapping[str, float],
-              max_failures: int, keep_alive_s: float, raydist_cluster: bool) -> _Kept:
+              use_gpu: bool, max_failures: int, keep_alive_s: float, raydist_cluster: bool) -> _Kept:
         with self._changed:
             self._changed.wait_for(lambda: self._kept is None or not self._kept.in_use)
             old = self._kept
@@ -399,7 +413,7 @@ class ResidentRuns:
                 old.in_use = True
                 return old
             new = _Kept(key, ResidentRun(workers=workers, resources_per_worker=resources_per_worker,
-                                         max_failures=max_failures, keep_alive_s=keep_alive_s,
+                                         use_gpu=use_gpu, max_failures=max_failures, keep_alive_s=keep_alive_s,
                                          raydist_cluster=raydist_cluster))
             self._kept = new
         if old is not None:

@@ -9,19 +9,27 @@ says exactly what the compat layer relies on.
 from __future__ import annotations
 
 from raydist.train._env import scoped_env
-from raydist.train._fork import keep_destroyed_groups
 from raydist.train._keras2 import use_keras2_everywhere
 from raydist.train._signals import keyboard_interrupts
-from raydist.train.resident import TORCHRUN_PRIORITY_ENV
-from raydist.train.session import DEFAULT_KEEP_WARM_S, TrainingSession, training_session
+from raydist.train._torchrun import TorchrunTrainer
+from raydist.train.session import (
+    DEFAULT_KEEP_WARM_S,
+    TrainingSession,
+    driver_gpus,
+    spark_task_resources,
+    training_session,
+)
+from raydist.train.session_rules import gpu_run_shape
 
 __all__ = [
     "DEFAULT_KEEP_WARM_S",
-    "TORCHRUN_PRIORITY_ENV",
+    "TorchrunTrainer",
     "TrainingSession",
-    "keep_destroyed_groups",
+    "driver_gpus",
+    "gpu_run_shape",
     "keyboard_interrupts",
     "scoped_env",
+    "spark_task_resources",
     "training_session",
     "use_keras2_everywhere",
 ]

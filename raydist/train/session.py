@@ -57,7 +57,8 @@ if TYPE_CHECKING:
     from raydist.engine.cluster import RayCluster
     from raydist.train.local import LocalRun
 
-__all__ = ["TrainingSession", "training_session", "DEFAULT_KEEP_WARM_S", "RUN_ENV"]
+__all__ = ["TrainingSession", "training_session", "spark_task_resources", "driver_gpus", "DEFAULT_KEEP_WARM_S",
+           "RUN_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -126,17 +127,20 @@ class TrainingSession:
         cluster: Any,
         *,
         workers: int,
-        cpus_per_worker: int,
+        cpus_per_worker: float,
         use_gpu: bool,
         keep_warm_s: float | None = None,
+        shape: Shape | None = None,
     ) -> Iterator[Any]:
         """Connect this process to the cluster a run uses, for the run.
 
         ``cluster`` is a handle or a name; ``None`` means, in order: the Ray
         cluster this process is already connected to, ``RAY_ADDRESS``, else
         the session cluster (started or grown here, and leased for the
-        run). Yields the cluster handle (None for a plain Ray address). The
-        session cluster is kept ``keep_warm_s`` after the run.
+        run), of ``shape`` (default: one node per worker, of the worker's
+        CPUs and one GPU when ``use_gpu``). Yields the cluster handle (None
+        for a plain Ray address). The session cluster is kept
+        ``keep_warm_s`` after the run.
         """
         import ray
 
@@ -148,7 +152,8 @@ class TrainingSession:
         if handle is None and (
             self._on_session_cluster() or (connected_address() is None and not os.environ.get("RAY_ADDRESS"))
         ):
-            held = self._lease(Shape(workers, cpus_per_worker, 1 if use_gpu else 0), keep_warm_s)
+            want = shape or Shape(workers, int(cpus_per_worker), int(use_gpu))
+            held = self._lease(want, keep_warm_s)
             handle = held.cluster
         connected_here = False
         try:
@@ -470,7 +475,47 @@ def training_session() -> TrainingSession:
     return _registry.service("training-session", TrainingSession)
 
 
-def _check_resources(workers: int, cpus_per_worker: int, use_gpu: bool) -> None:
+def spark_task_resources() -> tuple[int, int]:
+    """(CPUs, GPUs) of one Spark task on the active SparkSession, as
+    ``spark.task.cpus`` and ``spark.task.resource.gpu.amount`` say: what
+    pyspark's distributors give each task of a run. Unset (or no session
+    yet): one CPU, one GPU. A fractional GPU amount counts as one."""
+    from raydist.engine import spark as spark_side
+    from raydist.engine.sides import side_of
+
+    spark = spark_side.active_session()
+
+    def amount(key: str) -> int:
+        text = side_of(spark).conf(key) if spark is not None else None
+        if not text:
+            return 1
+        try:
+            return max(1, int(float(text)))
+        except ValueError:
+            raise TrainingConfigError(key, text, "expected a number of CPUs or GPUs per Spark task") from None
+
+    return amount("spark.task.cpus"), amount("spark.task.resource.gpu.amount")
+
+
+def driver_gpus() -> list[str] | None:
+    """The GPUs Spark gave the driver of the active classic SparkSession
+    (``spark.driver.resource.gpu.*``), as CUDA device ids of this process
+    (mapped through its own ``CUDA_VISIBLE_DEVICES``, as pyspark's
+    ``_get_gpus_owned`` does); None where there is no such session or it
+    has no GPU resource (a Spark Connect client sees only its own devices)."""
+    from raydist.engine import spark as spark_side
+    from raydist.engine.sizing import visible_gpus
+
+    spark = spark_side.active_session()
+    if spark is None or is_connect(spark):
+        return None
+    gpu = spark.sparkContext.resources.get("gpu")
+    if gpu is None:
+        return None
+    return visible_gpus(list(gpu.addresses), os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def _check_resources(workers: int, cpus_per_worker: float, use_gpu: bool) -> None:
     """Fail before any training when the cluster can never host the workers."""
     import ray
 
@@ -487,5 +532,5 @@ def _check_resources(workers: int, cpus_per_worker: int, use_gpu: bool) -> None:
             "workers",
             workers,
             f"the cluster has {total.get('CPU', 0):g} CPUs, fewer than {workers} workers x "
-            f"{cpus_per_worker} CPU; use fewer workers or a bigger cluster",
+            f"{cpus_per_worker:g} CPU; use fewer workers or a bigger cluster",
         )

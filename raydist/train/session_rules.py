@@ -20,9 +20,10 @@ Two rules carry the session's promises:
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
-__all__ = ["Shape", "Observed", "RunStep", "IdleStep", "for_run", "while_idle", "YIELD_AFTER_S"]
+__all__ = ["Shape", "Observed", "RunStep", "IdleStep", "for_run", "while_idle", "gpu_run_shape", "YIELD_AFTER_S"]
 
 #: How long other Spark jobs' tasks must have waited for the slots of an idle
 #: session cluster before it gives them back (a job's tasks may show as
@@ -61,6 +62,24 @@ class Shape:
     def same_nodes(self, other: Shape) -> bool:
         """Whether both have nodes of one size (so one can grow into the other in place)."""
         return self.cpus == other.cpus and self.gpus == other.gpus
+
+
+def gpu_run_shape(ranks: int, task_cpus: int, task_gpus: int) -> tuple[Shape, dict[str, float]]:
+    """The session cluster a GPU run of ``ranks`` processes asks for, and
+    what each rank takes of its node.
+
+    As pyspark's distributors lay a GPU run out: one node per Spark task of
+    ``task_gpus`` GPUs (``spark.task.resource.gpu.amount``) and ``task_cpus``
+    CPUs (``spark.task.cpus``), one rank per GPU, the task's CPUs shared by
+    its ranks. So each rank sees its task's GPUs, as under pyspark, and the
+    ranks of one task share them (NCCL's paths inside a node). A run smaller
+    than a task takes one node of just its ranks' GPUs.
+    """
+    per_node = max(1, min(task_gpus, ranks))
+    nodes = -(-ranks // per_node)
+    cpus = max(1, task_cpus)
+    # Ray counts resources in ten-thousandths: rounded down, per_node ranks always fit.
+    return Shape(nodes, cpus, per_node), {"CPU": math.floor(cpus / per_node * 1e4) / 1e4, "GPU": 1.0}
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 A Horovod process learns its place from ``horovodrun``; a raydist worker
 learns it from torchrun's environment (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``),
-which every raydist runner sets (:mod:`raydist.compat._torchrun`). ``init``
+which every raydist runner sets (:mod:`raydist.train._layout`). ``init``
 makes the global process group from it (gloo; NCCL for CUDA tensors when
 the process sees a GPU), or a group of one when there is none: a script run
 with plain ``python`` works, as under Horovod without ``horovodrun``.
@@ -132,13 +132,16 @@ def rank() -> int:
 
 
 def local_size() -> int:
-    """How many of the job's processes run on this host."""
+    """How many of the job's processes share this one's node: its Spark
+    task, and so its GPUs (``LOCAL_WORLD_SIZE``)."""
     _need_init()
     return int(os.environ.get("LOCAL_WORLD_SIZE", size()))
 
 
 def local_rank() -> int:
-    """This process's rank among those on its host."""
+    """This process's rank among those sharing its node (``LOCAL_RANK``):
+    it indexes the process's own device in ``CUDA_VISIBLE_DEVICES``, so
+    ``torch.cuda.set_device(hvd.local_rank())`` works as under Horovod."""
     _need_init()
     return int(os.environ.get("LOCAL_RANK", rank()))
 

@@ -1,0 +1,110 @@
+"""A fresh Ray Train run whose workers look like torchrun's processes.
+
+Code written for pyspark's ``TorchDistributor`` (and DeepSpeed's and
+Horovod's launchers) runs under ``torchrun``: it finds ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` in its
+environment, picks its device with ``LOCAL_RANK`` and calls
+``torch.distributed.init_process_group`` itself. So the run makes no process
+group of its own: a plain ``DataParallelTrainer`` (not Ray's
+``TorchTrainer``, whose NCCL group on a GPU run would only be torn down
+again, and fails outright where torch has no NCCL), each worker given its
+layout by :mod:`raydist.train._layout` and a rendezvous agreed through Ray
+Train's ``broadcast_from_rank_zero``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+from raydist.train._base import Facade
+from raydist.train.resident import TORCHRUN_PRIORITY_ENV
+from raydist.train.session_rules import Shape
+
+__all__ = ["TorchrunTrainer", "rendezvous"]
+
+
+def rendezvous() -> dict[str, str]:
+    """In a Ray Train worker: rank 0's address and a fresh port there, the
+    same in every rank (``MASTER_ADDR``, ``MASTER_PORT``)."""
+    import ray
+    import ray.train
+    from ray.train.collective import broadcast_from_rank_zero
+
+    from raydist.engine.ports import free_port
+
+    mine = None
+    if ray.train.get_context().get_world_rank() == 0:
+        addr = ray.util.get_node_ip_address()
+        mine = (addr, free_port(addr))
+    addr, port = broadcast_from_rank_zero(mine)
+    return {"MASTER_ADDR": str(addr), "MASTER_PORT": str(port)}
+
+
+def _worker(job: Callable[[], Any]) -> Callable[[Any], Any]:
+    def run(_config: Any) -> Any:
+        from raydist.train._fork import keep_destroyed_groups
+
+        os.environ.update(rendezvous())
+        try:
+            import torch.distributed  # noqa: F401 - so the groups the job destroys stay referenced
+        except ImportError:
+            pass
+        keep_destroyed_groups()  # this worker ends with the run; see raydist.train._fork
+        return job()
+
+    return run
+
+
+class TorchrunTrainer(Facade):
+    """Run ``job()`` once in each of ``workers`` fresh Ray Train workers set
+    up as torchrun's processes (see the module docstring); rank 0's value
+    from :meth:`run`.
+
+    ``shape``: the session cluster this run asks for, where it uses one (a
+    GPU run asks for whole Spark tasks' worth of GPUs a node, see
+    :func:`raydist.train.session_rules.gpu_run_shape`); ``resources_per_worker``
+    what each rank takes of its node.
+    """
+
+    def __init__(
+        self,
+        job: Callable[[], Any],
+        *,
+        workers: int,
+        use_gpu: bool,
+        resources_per_worker: dict[str, float],
+        max_failures: int = 0,
+        cluster: Any = None,
+        keep_warm_s: float | None = None,
+        shape: Shape | None = None,
+    ) -> None:
+        from ray.train import FailureConfig, RunConfig
+
+        super().__init__(
+            _worker(job),
+            workers=workers,
+            use_gpu=use_gpu,
+            resources_per_worker=resources_per_worker,
+            failure_config=FailureConfig(max_failures=max_failures),
+            run_config=RunConfig(worker_runtime_env=TORCHRUN_PRIORITY_ENV),
+            cluster=cluster,
+            keep_warm_s=keep_warm_s,
+        )
+        self._shape = shape
+
+    def _ray_trainer_class(self) -> Any:
+        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+        return DataParallelTrainer
+
+    def _session_shape(self) -> Shape:
+        return self._shape or super()._session_shape()
+
+    def build_run_config(self) -> Any:
+        from raydist.train._layout import layout_callback
+
+        run = super().build_run_config()
+        return dataclasses.replace(run, callbacks=[*(run.callbacks or []), layout_callback(self.use_gpu)])
