@@ -5,7 +5,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # Tools spawned by name (`ray`, used by ray.util.spark) must come from .venv.
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: venv demo test test-fast bench-startup bench-startup-standalone bench-training bench-chaos bench-scaling bench-connect bench-horovod bench-scale bench-gpu lint
+.PHONY: venv demo test test-fast bench-startup bench-startup-standalone bench-training bench-chaos bench-scaling bench-connect bench-horovod bench-scale bench-gpu refresh-originals lint
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -49,6 +49,10 @@ bench-scale: venv
 ## GPU runs against pyspark's; says why and exits 0 where there is no GPU.
 bench-gpu: venv
 	$(PY) benchmarks/gpu.py
+
+## Record what pyspark's own classes give the programs the tests compare with (tests/originals.json).
+refresh-originals: venv
+	$(PY) -m tests.refresh_originals
 
 lint: venv
 	$(PY) -m ruff check raydist tests benchmarks examples

@@ -92,9 +92,9 @@ def train(lr):
 
 
 def facade_train(config):
-    import torch
     import ray.train
     import ray.train.torch
+    import torch
 
     device = ray.train.torch.get_device()
     model = ray.train.torch.prepare_model(torch.nn.Linear(64, 1))

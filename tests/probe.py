@@ -15,6 +15,15 @@ from typing import Any
 
 #: User programs the tests run as scripts, as a user would.
 PROGRAMS = Path(__file__).parent / "programs"
+#: What the originals (pyspark's own classes) gave some of those programs,
+#: recorded by ``make refresh-originals`` (tests/refresh_originals.py).
+ORIGINALS = Path(__file__).parent / "originals.json"
+
+
+def recorded_original(program: str, *args: str) -> dict:
+    """The recorded ``--original`` result of ``program args``."""
+    data = json.loads(ORIGINALS.read_text())
+    return data["results"][program][" ".join(args)]
 
 
 def run_py(code: str, env: dict[str, str], timeout: float = 120, *,

@@ -81,3 +81,12 @@ def test_a_gpu_run_shape_holds_every_rank(ranks: int, task_cpus: int, task_gpus:
     shape, per_rank = gpu_run_shape(ranks, task_cpus, task_gpus)
     per_node = min(shape.gpus, (shape.cpus * 10_000) // round(per_rank["CPU"] * 10_000))  # as Ray counts
     assert shape.workers * per_node >= ranks and shape.gpus <= task_gpus and shape.cpus == task_cpus
+
+
+def test_a_run_without_a_spark_session_asks_one_gpu_a_node() -> None:
+    from raydist.train.session import run_shape
+
+    assert run_shape(4, {"CPU": 1.0, "GPU": 1.0}, True) == Shape(4, 1, 1)
+    assert run_shape(2, {"CPU": 2.0}, False) == Shape(2, 2, 0)
+    # Workers bigger than a task's share keep nodes of their own size.
+    assert run_shape(2, {"CPU": 4.0, "GPU": 2.0}, True) == Shape(2, 4, 2)

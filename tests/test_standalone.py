@@ -163,6 +163,24 @@ def test_cluster_spans_both_hosts_with_their_gpus(deployment: Deployment, no_lef
     assert not [p for p in ray_processes() if gcs in " ".join(p.cmdline())]
 
 
+def test_gpu_ranks_across_hosts_each_see_their_own_task_gpu(deployment: Deployment, tmp_path: Path,
+                                                            no_leftover_ray: None) -> None:
+    """pyspark's GPU contract across hosts: one rank a host (one core each),
+    each seeing the GPU Spark gave its task and LOCAL_RANK 0."""
+    from raydist.compat import TorchDistributor
+    from tests import train_fns
+
+    TorchDistributor(num_processes=2, local_mode=False, use_gpu=True, keep_warm_s=0).run(
+        train_fns.gpu_seen, str(tmp_path))
+    ranks = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2)]
+    assert [(r["LOCAL_RANK"], r["LOCAL_WORLD_SIZE"]) for r in ranks] == [("0", "1"), ("0", "1")]
+    for rank in ranks:
+        assert rank["CUDA_VISIBLE_DEVICES"] in deployment.gpus_of(rank["ip"]), rank
+    assert len({r["CUDA_VISIBLE_DEVICES"] for r in ranks}) == 2
+    if deployment.kind == "netns":
+        assert {r["ip"] for r in ranks} == {d.host for d in deployment.cluster.daemons}
+
+
 def _ended(procs: dict[str, psutil.Process], wait_s: float = 20.0) -> list[str]:
     """Keys of the processes that end (or are zombies) within ``wait_s``,
     waiting until at least one has."""

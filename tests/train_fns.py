@@ -171,3 +171,18 @@ def dies_once_on_rank_1(marker_dir: str, lr: float) -> float:
         open(marker, "w").close()
         os.kill(os.getpid(), signal.SIGKILL)
     return spark_style_torch_fn(lr, epochs=4)
+
+
+def gpu_seen(out_dir: str) -> None:
+    """A torchrun-shaped function that writes what its rank sees (its
+    layout, its devices, the address it reaches rank 0 from) to
+    out_dir/<RANK>.json."""
+    import json
+    import socket
+
+    record = {key: os.environ.get(key) for key in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES")}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((os.environ["MASTER_ADDR"], 9))
+        record["ip"] = s.getsockname()[0]
+    with open(os.path.join(out_dir, f"{os.environ['RANK']}.json"), "w") as f:
+        json.dump(record, f)

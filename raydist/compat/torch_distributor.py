@@ -133,27 +133,27 @@ class TorchDistributor:
             finally:
                 if self.keep_warm_s == 0:
                     local.close()
-        shape, resources = self._placement()
+        resources = self._rank_resources()
         if self._warm_capable and self.keep_warm_s > 0:
-            return self._fit_warm(session, job, shape, resources)
-        return self._fit_fresh(job, shape, resources)
+            return self._fit_warm(session, job, resources)
+        return self._fit_fresh(job, resources)
 
-    def _placement(self) -> tuple[Any, dict[str, float]]:
-        """The session cluster a run on Ray asks for (None: one node of one
-        CPU per process) and what each process takes of its node. A GPU run
-        is laid out as pyspark lays it out: one node per Spark task of
-        ``spark.task.resource.gpu.amount`` GPUs, one process per GPU."""
+    def _rank_resources(self) -> dict[str, float]:
+        """What each process of a run on Ray takes of its node: one CPU, or
+        for a GPU run, as pyspark lays one out, one GPU and its share of its
+        Spark task's CPUs, ``spark.task.resource.gpu.amount`` processes a
+        task (the session cluster then has one node per task)."""
         from raydist.train.runtime import gpu_run_shape, spark_task_resources
 
         if not self.use_gpu:
-            return None, {"CPU": 1.0}
+            return {"CPU": 1.0}
         task_cpus, task_gpus = spark_task_resources()
         if self.num_processes % task_gpus:
             raise TrainingConfigError(
                 "num_processes", self.num_processes,
                 f"must be a multiple of spark.task.resource.gpu.amount ({task_gpus}), as in pyspark",
             )
-        return gpu_run_shape(self.num_processes, task_cpus, task_gpus)
+        return gpu_run_shape(self.num_processes, task_cpus, task_gpus)[1]
 
     def _local_processes(self) -> int:
         """pyspark's local mode runs at most one process per driver GPU."""
@@ -183,10 +183,10 @@ class TorchDistributor:
         rng = random.Random(hash(self._train_object))
         return {"CUDA_VISIBLE_DEVICES": ",".join(rng.sample(gpus, min(self.num_processes, len(gpus))))}
 
-    def _fit_warm(self, session: Any, job: Callable[[], Any], shape: Any, resources: dict[str, float]) -> Any:
+    def _fit_warm(self, session: Any, job: Callable[[], Any], resources: dict[str, float]) -> Any:
         with session.connected(
-            self.cluster, workers=self.num_processes, cpus_per_worker=resources["CPU"], use_gpu=self.use_gpu,
-            keep_warm_s=self.keep_warm_s, shape=shape,
+            self.cluster, workers=self.num_processes, resources_per_worker=resources, use_gpu=self.use_gpu,
+            keep_warm_s=self.keep_warm_s,
         ) as handle:
             return session.resident.run(
                 job,
@@ -198,7 +198,7 @@ class TorchDistributor:
                 raydist_cluster=handle is not None,
             )
 
-    def _fit_fresh(self, job: Callable[[], Any], shape: Any, resources: dict[str, float]) -> Any:
+    def _fit_fresh(self, job: Callable[[], Any], resources: dict[str, float]) -> Any:
         from raydist.train.runtime import TorchrunTrainer
 
         trainer = TorchrunTrainer(
@@ -209,7 +209,6 @@ class TorchDistributor:
             max_failures=self.max_failures,
             cluster=self.cluster,
             keep_warm_s=self.keep_warm_s,
-            shape=shape,
         )
         try:
             return trainer.run()

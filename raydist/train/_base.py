@@ -65,14 +65,6 @@ class Facade:
     def _extra_kwargs(self) -> dict[str, Any]:
         return {}
 
-    def _session_shape(self) -> Any:
-        """The session cluster this fit asks for, where it uses one: one
-        node per worker, of the worker's CPUs and GPUs."""
-        from raydist.train.session_rules import Shape
-
-        gpus = int(self.resources_per_worker.get("GPU", 1) or 1) if self.use_gpu else 0
-        return Shape(self.workers, int(self.resources_per_worker.get("CPU", 1) or 0), gpus)
-
     # building and running ----------------------------------------------------
 
     def scaling_config(self) -> Any:
@@ -128,9 +120,8 @@ class Facade:
 
         session = training_session()
         session.resident.release()  # resident workers of this process would hold the CPUs this fit needs
-        cpus = float(self.resources_per_worker.get("CPU", 1) or 0)
         with keyboard_interrupts(), session.connected(
-            self.cluster, workers=self.workers, cpus_per_worker=cpus, use_gpu=self.use_gpu,
-            keep_warm_s=self.keep_warm_s, shape=self._session_shape(),
+            self.cluster, workers=self.workers, resources_per_worker=self.resources_per_worker,
+            use_gpu=self.use_gpu, keep_warm_s=self.keep_warm_s,
         ) as handle:
             return fit_ready(self.build(), raydist_cluster=handle is not None).fit()

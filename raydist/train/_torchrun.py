@@ -21,7 +21,6 @@ from typing import Any
 
 from raydist.train._base import Facade
 from raydist.train.resident import TORCHRUN_PRIORITY_ENV
-from raydist.train.session_rules import Shape
 
 __all__ = ["TorchrunTrainer", "rendezvous"]
 
@@ -61,12 +60,8 @@ def _worker(job: Callable[[], Any]) -> Callable[[Any], Any]:
 class TorchrunTrainer(Facade):
     """Run ``job()`` once in each of ``workers`` fresh Ray Train workers set
     up as torchrun's processes (see the module docstring); rank 0's value
-    from :meth:`run`.
-
-    ``shape``: the session cluster this run asks for, where it uses one (a
-    GPU run asks for whole Spark tasks' worth of GPUs a node, see
-    :func:`raydist.train.session_rules.gpu_run_shape`); ``resources_per_worker``
-    what each rank takes of its node.
+    from :meth:`run`. ``resources_per_worker``: what each rank takes of its
+    node (a GPU rank: one GPU and its share of its Spark task's CPUs).
     """
 
     def __init__(
@@ -79,7 +74,6 @@ class TorchrunTrainer(Facade):
         max_failures: int = 0,
         cluster: Any = None,
         keep_warm_s: float | None = None,
-        shape: Shape | None = None,
     ) -> None:
         from ray.train import FailureConfig, RunConfig
 
@@ -93,15 +87,11 @@ class TorchrunTrainer(Facade):
             cluster=cluster,
             keep_warm_s=keep_warm_s,
         )
-        self._shape = shape
 
     def _ray_trainer_class(self) -> Any:
         from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
         return DataParallelTrainer
-
-    def _session_shape(self) -> Shape:
-        return self._shape or super()._session_shape()
 
     def build_run_config(self) -> Any:
         from raydist.train._layout import layout_callback

@@ -35,7 +35,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +51,7 @@ from raydist.errors import (
 )
 from raydist.spec import State
 from raydist.train.resident import ResidentRuns
-from raydist.train.session_rules import IdleStep, Observed, RunStep, Shape, for_run, while_idle
+from raydist.train.session_rules import IdleStep, Observed, RunStep, Shape, for_run, gpu_run_shape, while_idle
 
 if TYPE_CHECKING:
     from raydist.engine.cluster import RayCluster
@@ -127,20 +127,18 @@ class TrainingSession:
         cluster: Any,
         *,
         workers: int,
-        cpus_per_worker: float,
+        resources_per_worker: Mapping[str, float],
         use_gpu: bool,
         keep_warm_s: float | None = None,
-        shape: Shape | None = None,
     ) -> Iterator[Any]:
-        """Connect this process to the cluster a run uses, for the run.
+        """Connect this process to the cluster a run of ``workers`` workers,
+        each taking ``resources_per_worker``, uses, for the run.
 
         ``cluster`` is a handle or a name; ``None`` means, in order: the Ray
         cluster this process is already connected to, ``RAY_ADDRESS``, else
-        the session cluster (started or grown here, and leased for the
-        run), of ``shape`` (default: one node per worker, of the worker's
-        CPUs and one GPU when ``use_gpu``). Yields the cluster handle (None
-        for a plain Ray address). The session cluster is kept
-        ``keep_warm_s`` after the run.
+        the session cluster (started or grown here to :func:`run_shape`, and
+        leased for the run). Yields the cluster handle (None for a plain Ray
+        address). The session cluster is kept ``keep_warm_s`` after the run.
         """
         import ray
 
@@ -152,8 +150,7 @@ class TrainingSession:
         if handle is None and (
             self._on_session_cluster() or (connected_address() is None and not os.environ.get("RAY_ADDRESS"))
         ):
-            want = shape or Shape(workers, int(cpus_per_worker), int(use_gpu))
-            held = self._lease(want, keep_warm_s)
+            held = self._lease(run_shape(workers, resources_per_worker, use_gpu), keep_warm_s)
             handle = held.cluster
         connected_here = False
         try:
@@ -164,7 +161,7 @@ class TrainingSession:
                     ray.init(log_to_driver=True)
                     connected_here = True
                 if held is None:  # the session cluster is sized for the run
-                    _check_resources(workers, cpus_per_worker, use_gpu)
+                    _check_resources(workers, float(resources_per_worker.get("CPU", 1) or 0), use_gpu)
                 yield handle
         except BaseException as e:
             if held is not None and held.failure is not None:
@@ -473,6 +470,22 @@ def training_session() -> TrainingSession:
     from raydist.api import _registry
 
     return _registry.service("training-session", TrainingSession)
+
+
+def run_shape(workers: int, resources_per_worker: Mapping[str, float], use_gpu: bool) -> Shape:
+    """The session cluster a run of ``workers`` workers, each taking
+    ``resources_per_worker``, asks for: for GPU workers of one GPU that fit
+    their share of a Spark task, one node per task of
+    ``spark.task.resource.gpu.amount`` GPUs (pyspark's GPU layout, see
+    :func:`~raydist.train.session_rules.gpu_run_shape`); else one node per
+    worker, of the worker's CPUs and GPUs."""
+    cpus = float(resources_per_worker.get("CPU", 1) or 0)
+    gpus = float(resources_per_worker.get("GPU", 1) or 1) if use_gpu else 0.0
+    if gpus == 1:
+        shape, per_rank = gpu_run_shape(workers, *spark_task_resources())
+        if cpus <= per_rank["CPU"]:
+            return shape
+    return Shape(workers, int(cpus), int(gpus))
 
 
 def spark_task_resources() -> tuple[int, int]:

@@ -189,8 +189,10 @@ else:
 
     from raydist.train import TorchTrainer
 
+    # Each worker asks its share of a task's CPUs, as the compat runs' ranks take them.
     result["facade"] = collect(lambda d: TorchTrainer(
-        facade_seen, config={"out": d}, workers=RANKS, use_gpu=True, torch_config=TorchConfig(backend="gloo")).run())
+        facade_seen, config={"out": d}, workers=RANKS, use_gpu=True, resources_per_worker={
+            "CPU": 1 / task_gpus, "GPU": 1}, torch_config=TorchConfig(backend="gloo")).run())
     result["local"] = collect(lambda d: TorchDistributor(num_processes=2, local_mode=True, use_gpu=True)
                               .run(seen, d))
 spark.stop()

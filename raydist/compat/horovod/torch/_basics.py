@@ -93,13 +93,18 @@ def held_by_runner(held: bool) -> None:
 
 
 def shutdown() -> None:
-    """Leave the process group that :func:`init` made."""
+    """Leave the process group that :func:`init` made, once every rank has
+    come to leave it, as Horovod's shutdown is agreed by all ranks: rank 0
+    holds the group's rendezvous store, and a rank 0 gone early would leave
+    ranks still joining with nobody to join."""
     import torch.distributed as dist
 
     global _initialized_here
     if _held:
         return
     if _initialized_here and dist.is_initialized():
+        if dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
     _initialized_here = False
 
