@@ -57,8 +57,8 @@ if TYPE_CHECKING:
     from raydist.engine.cluster import RayCluster
     from raydist.train.local import LocalRun
 
-__all__ = ["TrainingSession", "training_session", "spark_task_resources", "driver_gpus", "DEFAULT_KEEP_WARM_S",
-           "RUN_ENV"]
+__all__ = ["TrainingSession", "training_session", "run_shape", "spark_task_resources", "driver_gpus",
+           "DEFAULT_KEEP_WARM_S", "RUN_ENV"]
 
 log = logging.getLogger(__name__)
 
