@@ -56,9 +56,24 @@ def test_the_originals_were_recorded_by_the_installed_pyspark() -> None:
 def test_every_rank_gets_its_own_device_as_under_pyspark(layout: str, no_leftover_ray) -> None:
     """About 90 s a layout: a Spark application of its own, a session
     cluster, and every class on it (TensorFlow's workers import TF)."""
-    ranks, task_gpus, gpus = LAYOUTS[layout]
     ours = run_program("gpu_layouts.py", layout, timeout=800)
-    theirs = recorded_original("gpu_layouts.py", layout)
+    check_layout(layout, ours, recorded_original("gpu_layouts.py", layout))
+
+
+@pytest.mark.timeout(900)
+def test_every_rank_gets_its_own_device_from_a_connect_session(no_leftover_ray) -> None:
+    """The same program as a Spark Connect client of a server with the
+    layout (about 120 s: the server, then the runs): the head's task
+    carries one task's GPUs too, and nothing dials back to the client."""
+    layout = "one-executor-four-gpus"
+    ours = run_program("gpu_layouts.py", layout, "--connect", timeout=800)
+    assert ours["server_left"] == []
+    check_layout(layout, ours, recorded_original("gpu_layouts.py", layout), local=False)
+
+
+def check_layout(layout: str, ours: dict, theirs: dict, *, local: bool = True) -> None:
+    """What every rank of every class saw on ``layout``, against pyspark's own run."""
+    ranks, task_gpus, gpus = LAYOUTS[layout]
     assert ours["alive"] is True
 
     for name in TORCHRUN_CLASSES:
@@ -100,7 +115,7 @@ def test_every_rank_gets_its_own_device_as_under_pyspark(layout: str, no_leftove
 
     # Local mode: two of the driver's four GPUs, picked at random as pyspark
     # picks them, LOCAL_RANK indexing each rank's own.
-    for side in (ours, theirs):
+    for side in (ours, theirs) if local else ():
         local = side["local"]["ranks"]
         assert side["local"]["error"] is None and len(local) == 2
         visible = {r["CUDA_VISIBLE_DEVICES"] for r in local.values()}

@@ -1,9 +1,10 @@
 """GPU code as Spark users write it, on Spark's real GPU scheduling with fake
 GPU addresses (this machine has none), run as a script by tests/test_gpu_layouts.py.
 
-    python gpu_layouts.py LAYOUT [--original]
+    python gpu_layouts.py LAYOUT [--original] [--connect]
 
-starts a SparkSession with that layout (see LAYOUTS), runs each distributor
+starts a SparkSession with that layout (see LAYOUTS; ``--connect``: a Spark
+Connect server with that layout, and this program its client), runs each distributor
 on it with ``use_gpu=True``, and prints one RESULT line: for every run, what
 each rank saw (its torchrun environment, its CUDA_VISIBLE_DEVICES, and
 whether ``torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`` took its own
@@ -21,6 +22,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 ORIGINAL = "--original" in sys.argv
+CONNECT = "--connect" in sys.argv
 LAYOUT = sys.argv[1]
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 
@@ -41,20 +43,29 @@ master, worker_gpus, executor_gpus, task_gpus, RANKS, extra = LAYOUTS[LAYOUT]
 os.environ["RAYDIST_FAKE_GPUS"] = str(worker_gpus)
 os.environ["RAYDIST_FAKE_GPU_DIR"] = tempfile.mkdtemp(prefix="fake-gpus-")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-builder = (
-    SparkSession.builder.master(master)
-    .config("spark.ui.enabled", "false")
-    .config("spark.worker.resource.gpu.amount", str(worker_gpus))
-    .config("spark.worker.resource.gpu.discoveryScript", str(RESOURCES / "fake_gpus.sh"))
-    .config("spark.executor.resource.gpu.amount", str(executor_gpus))
-    .config("spark.task.resource.gpu.amount", str(task_gpus))
-    .config("spark.driver.resource.gpu.amount", "4")
-    .config("spark.driver.resource.gpu.discoveryScript", str(RESOURCES / "fake_driver_gpus.sh"))
-)
-for key, value in extra.items():
-    builder = builder.config(key, value)
-spark = builder.getOrCreate()
-spark.sparkContext.setLogLevel("ERROR")
+conf = {
+    "spark.ui.enabled": "false",
+    "spark.worker.resource.gpu.amount": str(worker_gpus),
+    "spark.worker.resource.gpu.discoveryScript": str(RESOURCES / "fake_gpus.sh"),
+    "spark.executor.resource.gpu.amount": str(executor_gpus),
+    "spark.task.resource.gpu.amount": str(task_gpus),
+    **extra,
+}
+server = None
+if CONNECT:
+    # The cluster's own Connect server (what a platform runs); this program is its client.
+    from raydist.testing.connect import ConnectServer
+
+    server = ConnectServer(master=master, conf=conf).start()
+    spark = SparkSession.builder.remote(server.url).getOrCreate()
+else:
+    builder = SparkSession.builder.master(master)
+    conf |= {"spark.driver.resource.gpu.amount": "4",
+             "spark.driver.resource.gpu.discoveryScript": str(RESOURCES / "fake_driver_gpus.sh")}
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
 
 
 def seen(out_dir, set_device=True):
@@ -193,8 +204,11 @@ else:
     result["facade"] = collect(lambda d: TorchTrainer(
         facade_seen, config={"out": d}, workers=RANKS, use_gpu=True, resources_per_worker={
             "CPU": 1 / task_gpus, "GPU": 1}, torch_config=TorchConfig(backend="gloo")).run())
-    result["local"] = collect(lambda d: TorchDistributor(num_processes=2, local_mode=True, use_gpu=True)
-                              .run(seen, d))
+    if not CONNECT:  # a Connect client's local mode has the client's own GPUs (none here)
+        result["local"] = collect(lambda d: TorchDistributor(num_processes=2, local_mode=True, use_gpu=True)
+                                  .run(seen, d))
 spark.stop()
+if server is not None:
+    result["server_left"] = [p.pid for p in server.stop()]
 result["alive"] = True
 print("RESULT " + json.dumps(result), flush=True)
