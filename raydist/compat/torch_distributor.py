@@ -129,7 +129,7 @@ class TorchDistributor:
         if self.local_mode:
             local = session.local_run(self.keep_warm_s)
             try:
-                return local.run(job, self._local_processes(), env=self._local_gpus())
+                return local.run(job, *self._local_layout())
             finally:
                 if self.keep_warm_s == 0:
                     local.close()
@@ -155,33 +155,28 @@ class TorchDistributor:
             )
         return gpu_run_shape(self.num_processes, task_cpus, task_gpus)[1]
 
-    def _local_processes(self) -> int:
-        """pyspark's local mode runs at most one process per driver GPU."""
-        gpus = self._driver_gpus()
-        if gpus is not None and self.num_processes > len(gpus):
+    def _local_layout(self) -> tuple[int, dict[str, str] | None]:
+        """How many local processes, and their ``CUDA_VISIBLE_DEVICES``
+        (None: this process's own, where Spark gave the driver no GPUs or
+        the run is on CPU). As pyspark's local mode: at most one process per
+        driver GPU (with pyspark's warning), ``num_processes`` of the
+        driver's GPUs picked at random (seeded by the training object), so
+        ``LOCAL_RANK`` indexes them."""
+        from raydist.train.runtime import driver_gpus
+
+        gpus = driver_gpus() if self.use_gpu else None
+        if gpus is None:
+            return self.num_processes, None
+        processes = self.num_processes
+        if processes > len(gpus):
             log.warning(
                 "'num_processes' cannot be set to a value greater than the number of available GPUs on the "
                 "driver, which is %d. 'num_processes' was reset to be equal to the number of available GPUs.",
                 len(gpus),
             )
-            return len(gpus)
-        return self.num_processes
-
-    def _driver_gpus(self) -> list[str] | None:
-        from raydist.train.runtime import driver_gpus
-
-        return driver_gpus() if self.use_gpu else None
-
-    def _local_gpus(self) -> dict[str, str] | None:
-        """The local processes' ``CUDA_VISIBLE_DEVICES``: as pyspark's local
-        mode picks them, ``num_processes`` of the driver's GPUs at random
-        (seeded by the training object), so ``LOCAL_RANK`` indexes them. None
-        (this process's own) where Spark gave the driver no GPUs."""
-        gpus = self._driver_gpus()
-        if gpus is None:
-            return None
+            processes = len(gpus)
         rng = random.Random(hash(self._train_object))
-        return {"CUDA_VISIBLE_DEVICES": ",".join(rng.sample(gpus, min(self.num_processes, len(gpus))))}
+        return processes, {"CUDA_VISIBLE_DEVICES": ",".join(rng.sample(gpus, processes))}
 
     def _fit_warm(self, session: Any, job: Callable[[], Any], resources: dict[str, float]) -> Any:
         with session.connected(

@@ -27,7 +27,6 @@ counts as a lost worker.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 import uuid
@@ -70,7 +69,6 @@ def _serve(config: dict[str, Any]) -> None:
 
     from raydist.engine.ports import free_port
     from raydist.train._fork import ERROR, LOST, OK, pickle_error, run_forked
-    from raydist.train._layout import LAYOUT_KEYS
 
     board = config["board"]
     ctx = ray.train.get_context()
@@ -78,9 +76,9 @@ def _serve(config: dict[str, Any]) -> None:
     # Each worker group (a restart makes a new one) is a generation of the board.
     gen = broadcast_from_rank_zero(ray.get(board.new_generation.remote(world)) if rank == 0 else None)
     ray.get(board.register.remote(gen, rank, ray.get_runtime_context().current_actor))
-    # Set in this worker by the run's layout callback (raydist.train._layout),
-    # CUDA_VISIBLE_DEVICES with them; every job's child inherits them.
-    base_env = {key: os.environ[key] for key in LAYOUT_KEYS}
+    # This worker's torchrun layout (RANK, LOCAL_RANK, CUDA_VISIBLE_DEVICES...)
+    # is in its environment (the run's layout callback, raydist.train._layout):
+    # every job's child inherits it, and gets only the job's rendezvous on top.
     after = 0
     while True:
         job = ray.get(board.next_job.remote(gen, after))
@@ -105,7 +103,7 @@ def _serve(config: dict[str, Any]) -> None:
             continue
         kind, value = run_forked(
             fn,
-            {**base_env, "MASTER_ADDR": str(addr), "MASTER_PORT": str(port)},
+            {"MASTER_ADDR": str(addr), "MASTER_PORT": str(port)},
             still_wanted=lambda seq=seq: bool(ray.get(board.job_active.remote(gen, seq))),
         )
         if kind == LOST:
