@@ -1,6 +1,8 @@
 """Shared fixtures: one real SparkSession (local-cluster: real executor JVMs)
-per test session, a private RAYDIST_HOME, and a guard that no Ray process
-outlives the test that started it."""
+per test session, a private RAYDIST_HOME, a guard that no Ray process
+outlives the test that started it, and the tiers (tests/README.md): every
+test module names one of ``unit``, ``component`` or ``integration``, and a
+unit test that starts a process or a server fails saying so."""
 
 from __future__ import annotations
 
@@ -22,10 +24,52 @@ RESOURCES = Path(__file__).parent / "resources"
 _shared: list[object] = []
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the standalone-cluster tests last: a process holds one SparkContext,
-    and they replace the shared local-cluster one with their own."""
+#: The tiers, fastest first; each test is in exactly one (tests/README.md).
+TIERS = ("unit", "component", "integration")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test in one tier; the standalone-cluster tests last (a process
+    holds one SparkContext, and they replace the shared local-cluster one)."""
+    wrong = [f"{item.nodeid}: {tiers or 'none'}" for item in items
+             if len(tiers := [t for t in TIERS if item.get_closest_marker(t)]) != 1]
+    if wrong:
+        raise pytest.UsageError("each test needs exactly one tier mark (pytestmark = pytest.mark.unit, "
+                                "component or integration; tests/README.md says which):\n  " + "\n  ".join(wrong))
     items.sort(key=lambda item: item.get_closest_marker("standalone") is not None)
+
+
+class StartsAProcessOrServer(AssertionError):
+    """A unit test started a process or a server: it belongs in the component tier."""
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_stays_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit test runs in this process: no subprocess, no fork, no listening
+    socket, no gRPC server. Whatever tries raises, naming the tier to use."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+
+    def refuse(what: str):  # noqa: ANN202 - a stand-in of any signature
+        def refused(*args: object, **kwargs: object) -> None:
+            raise StartsAProcessOrServer(f"{request.node.nodeid} {what}: a unit test may not; "
+                                         "mark its module pytest.mark.component")
+        return refused
+
+    import socket
+    import subprocess
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse("starts a subprocess"))
+    monkeypatch.setattr(os, "fork", refuse("forks"))
+    monkeypatch.setattr(os, "posix_spawn", refuse("spawns a process"))
+    monkeypatch.setattr(socket.socket, "listen", refuse("listens on a socket"))
+    try:
+        import grpc
+        import grpc.aio
+    except ImportError:  # pragma: no cover - grpcio is a dependency
+        return
+    monkeypatch.setattr(grpc, "server", refuse("starts a gRPC server"))
+    monkeypatch.setattr(grpc.aio, "server", refuse("starts a gRPC server"))
 
 
 def release_shared_spark() -> None:

@@ -13,6 +13,8 @@ import pytest
 from raydist.data import _agent
 from raydist.data._agent import BlockAgent
 
+pytestmark = pytest.mark.component
+
 
 @pytest.fixture
 def agent(monkeypatch: pytest.MonkeyPatch) -> tuple[BlockAgent, int]:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from raydist.train._board import PENDING, JobBoard
+
+pytestmark = pytest.mark.unit
 
 
 def run(coro):

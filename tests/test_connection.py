@@ -7,11 +7,14 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from raydist.engine.connection import DEFAULT_KEYS, DefaultEnv, ProcessRay, same_address
 from raydist.engine.threads import on_raydist_thread, spawn
+
+pytestmark = pytest.mark.unit
 
 
 def cluster_env(n: int) -> dict[str, str]:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from raydist._proto import pb
 from raydist.control.protos import ClusterProtos
 from raydist.control.store import ClusterRow
 from raydist.spec import ClusterSpec, NodeStatus
+
+pytestmark = pytest.mark.unit
 
 
 def test_node_messages_are_rebuilt_only_for_changed_nodes(monkeypatch) -> None:  # noqa: ANN001

@@ -11,6 +11,8 @@ import pytest
 
 from raydist.train._fork import CANCELLED, ERROR, LOST, OK, keep_destroyed_groups, learn_imports, run_forked, run_ranks
 
+pytestmark = pytest.mark.component
+
 
 def loads(payload: bytes):
     from ray import cloudpickle

@@ -8,6 +8,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.component
+
 # A fresh interpreter: gRPC reads its fork setting at its first import, which
 # must be raydist's (as in `raydist serve`), not pytest's.
 _SCRIPT = textwrap.dedent("""

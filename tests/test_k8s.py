@@ -13,6 +13,8 @@ import yaml
 
 from raydist.control.config import ServerConfig
 
+pytestmark = pytest.mark.unit
+
 K8S = Path(__file__).parent.parent / "k8s"
 KUBE_VERSION = "1.31.0"
 

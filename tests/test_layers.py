@@ -8,7 +8,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import raydist
+
+pytestmark = pytest.mark.unit
 
 ROOT = Path(raydist.__file__).parent
 

@@ -4,11 +4,14 @@ every placement Ray could make."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from raydist.train._layout import LAYOUT_KEYS, Placed, torchrun_layout
 from raydist.train.session_rules import Shape, gpu_run_shape
+
+pytestmark = pytest.mark.unit
 
 
 def test_ranks_of_one_task_share_its_gpus_and_local_rank_indexes_each_ones_own() -> None:

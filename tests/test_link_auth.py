@@ -10,11 +10,14 @@ import socket
 import threading
 
 import psutil
+import pytest
 
 from raydist.engine.channel import NodeChannel
 from raydist.engine.linkauth import NodeKeys, node_proof
 from raydist.engine.wire import encode
 from tests.test_supervisor import Recorder, _start_at
+
+pytestmark = pytest.mark.component
 
 
 def _line(sock: socket.socket) -> dict:

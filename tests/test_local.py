@@ -11,6 +11,8 @@ from raydist.train.local import LocalRun
 
 from . import train_fns
 
+pytestmark = pytest.mark.component
+
 
 @pytest.fixture(scope="module")
 def local():

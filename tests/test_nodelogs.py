@@ -6,7 +6,11 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from raydist.engine.nodelogs import keep, read_logs
+
+pytestmark = pytest.mark.unit
 
 
 def _node(tmp_path: Path, sizes: dict[str, int]) -> str:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from raydist.engine.outbox import Outbox
+
+pytestmark = pytest.mark.unit
 
 
 def test_events_arrive_in_order_on_one_thread_and_flush_waits_for_them() -> None:

@@ -19,6 +19,8 @@ from raydist.engine.relay import LinkRelay, RelayDialer
 from raydist.engine.wire import encode
 from tests.test_supervisor import Recorder, _descendants, _living, _start_at
 
+pytestmark = pytest.mark.component
+
 
 @pytest.fixture
 def relayed() -> Iterator[tuple[NodeChannel, LinkRelay, RelayDialer, Recorder, str]]:

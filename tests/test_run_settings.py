@@ -12,6 +12,8 @@ import pytest
 
 from raydist.train._env import run_settings
 
+pytestmark = pytest.mark.unit
+
 KEY = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 
 

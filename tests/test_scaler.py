@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from raydist.engine.scaler import decide, nodes_for
+
+pytestmark = pytest.mark.unit
 
 BASE = dict(min_workers=0, max_workers=3, cpus=2, gpus=0.0, idle_timeout_s=60.0)
 

@@ -3,6 +3,7 @@ and the promises as properties over generated situations."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -15,6 +16,8 @@ from raydist.train.session_rules import (
     for_run,
     while_idle,
 )
+
+pytestmark = pytest.mark.unit
 
 shapes = st.builds(Shape, st.integers(1, 8), st.integers(1, 4), st.integers(0, 2))
 observed = st.builds(

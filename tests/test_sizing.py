@@ -10,6 +10,8 @@ from raydist.engine.sizing import embedded_master, node_size, visible_gpus
 from raydist.errors import SpecError
 from raydist.spec import MIN_OBJECT_STORE
 
+pytestmark = pytest.mark.unit
+
 GiB = 1 << 30
 
 

@@ -8,10 +8,14 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from raydist.engine.launch import NodePlan
 from raydist.engine.slot import WorkerSlot, first_error_line
 from raydist.engine.spark_jobs import WorkerJobs, backoff_s
 from raydist.engine.sparkside import SparkJob
+
+pytestmark = pytest.mark.unit
 
 
 class _Job(SparkJob):

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from raydist.errors import SpecError
 from raydist.spec import MANAGED_RAY_OPTIONS, ClusterSpec, parse_size
 
+pytestmark = pytest.mark.unit
+
 DNS = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 
 
@@ -160,3 +162,27 @@ def test_a_trailing_newline_is_not_a_valid_name_or_key(field: str, value: object
 def test_env_that_would_run_code_or_break_exec_is_refused(env: dict, why: str) -> None:
     with pytest.raises(SpecError, match=why):
         ClusterSpec(name="demo", env=env)
+
+
+def test_spec_proto_round_trip() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from raydist.spec import ClusterSpec, spec_from_proto, spec_to_proto
+
+    @settings(max_examples=60)
+    @given(
+        workers=st.integers(0, 100), cpus=st.one_of(st.none(), st.integers(1, 64)),
+        gpus=st.sampled_from([0.0, 0.5, 1.0, 2.0]), mem=st.one_of(st.none(), st.integers(64 << 20, 1 << 40)),
+        env=st.dictionaries(st.from_regex(r"\A[A-Z][A-Z0-9_]{0,8}\Z"),
+                            st.text(st.characters(blacklist_characters="\x00"), max_size=10), max_size=3),
+        heal=st.booleans(), dashboard=st.booleans(),
+    )
+    def check(workers: int, cpus: int | None, gpus: float, mem: int | None, env: dict[str, str], heal: bool,
+              dashboard: bool) -> None:
+        env = {k: v for k, v in env.items() if not k.startswith(("RAY_AUTH_", "RAYDIST_")) and k != "LD_AUDIT"}
+        spec = ClusterSpec(name="rt", workers=workers, cpus_per_worker=cpus, gpus_per_worker=gpus,
+                           memory_per_worker=mem, env=env, self_heal=heal, dashboard=dashboard)
+        assert spec_from_proto(spec_to_proto(spec)) == spec
+
+    check()

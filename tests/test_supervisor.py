@@ -20,6 +20,8 @@ import pytest
 from raydist.engine.channel import _MAX_PENDING, NodeChannel, NodeLink
 from raydist.engine.linkauth import NodeKeys, say_hello
 
+pytestmark = pytest.mark.component
+
 TREE = (
     "(sleep 300 &) ; "  # an orphaned grandchild, reparented to the subreaper
     "sleep 300 & "
