@@ -70,13 +70,27 @@ def test_ranks_run_at_once_and_the_first_failure_stops_the_rest() -> None:
     assert values == [0, 1, 2]
 
 
-def test_learn_imports_loads_only_submodules_of_packages_already_here() -> None:
-    assert "json.tool" not in sys.modules or pytest.skip("json.tool already imported")
-    import json  # noqa: F401 - the package this process "has"
+def test_learn_imports_loads_only_submodules_of_packages_already_here(tmp_path, monkeypatch) -> None:
+    # Packages of this test's own, so what is already imported is known.
+    for pkg in ("raydist_had", "raydist_new"):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+        (tmp_path / pkg / "lazy.py").write_text("LOADED = True\n")
+    (tmp_path / "raydist_had" / "broken.py").write_text("raise ImportError('not here')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m.startswith(("raydist_had", "raydist_new"))]:
+        monkeypatch.delitem(sys.modules, name)
+    import raydist_had  # noqa: F401 - the package this process "has"
 
-    learn_imports(["json.tool", "this_package_does_not_exist.sub", "antigravity"])
-    assert "json.tool" in sys.modules
-    assert "antigravity" not in sys.modules  # a new top-level package never runs here
+    try:
+        learn_imports(["raydist_had.lazy", "raydist_had.broken", "raydist_new.lazy", "raydist_gone.sub"])
+        assert sys.modules["raydist_had.lazy"].LOADED is True  # a submodule of a package here: loaded
+        assert "raydist_had.broken" not in sys.modules  # one that fails to import stays lazy, quietly
+        # A package this process never imported: nothing of it runs here.
+        assert "raydist_new" not in sys.modules and "raydist_new.lazy" not in sys.modules
+    finally:
+        for name in [m for m in sys.modules if m.startswith(("raydist_had", "raydist_new"))]:
+            del sys.modules[name]
 
 
 def test_destroyed_process_groups_stay_referenced_until_the_process_ends() -> None:
