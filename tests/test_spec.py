@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from raydist.errors import SpecError
 from raydist.spec import MANAGED_RAY_OPTIONS, ClusterSpec, parse_size
+from tests.spec_oracle import MIB, name_ok, spec_errors
 
 pytestmark = pytest.mark.unit
 
@@ -186,3 +187,21 @@ def test_spec_proto_round_trip() -> None:
         assert spec_from_proto(spec_to_proto(spec)) == spec
 
     check()
+
+
+def test_the_oracle_knows_valid_from_invalid() -> None:
+    """The table, against values whose answer a reader can check by eye."""
+    from raydist._proto import pb
+
+    assert [name_ok(n) for n in ("a", "ok-1", "a" * 63, "team.ml", "0")] == [True] * 5
+    assert not any(name_ok(n) for n in ("", "UPPER", "-lead", "trail-", "a" * 64, "a_b", "a\n", "é", "a.b.c"))
+    good = pb.ClusterSpec(name="ok", workers=2, cpus_per_worker=1, memory_per_worker=64 * MIB,
+                          env={"MY_VAR": "1"}, ray_start_options={"min-worker-port": "20000"})
+    assert spec_errors(good) == set()
+    assert spec_errors(pb.ClusterSpec(name="ok", workers=2, max_workers=3)) == {"workers"}
+    assert spec_errors(pb.ClusterSpec(name="ok", min_workers=3, max_workers=2)) == {"min_workers"}
+    assert spec_errors(pb.ClusterSpec(name="ok", gpus_per_worker=2.5, memory_per_worker=1)) == \
+        {"gpus_per_worker", "memory_per_worker"}
+    assert spec_errors(pb.ClusterSpec(name="ok", env={"RAYDIST_X": "1"}, ray_start_options={"port": "1"},
+                                      start_timeout_s=float("nan"))) == {"env", "ray_start_options",
+                                                                         "start_timeout_s"}
