@@ -5,7 +5,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # Tools spawned by name (`ray`, used by ray.util.spark) must come from .venv.
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: venv demo test test-fast bench-startup bench-startup-standalone bench-training bench-chaos bench-scaling bench-connect bench-horovod bench-scale bench-gpu refresh-originals lint
+.PHONY: venv demo test test-unit test-component test-integration bench-startup bench-startup-standalone bench-training bench-chaos bench-scaling bench-connect bench-horovod bench-scale bench-gpu refresh-originals lint
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -14,13 +14,21 @@ venv:
 demo: venv
 	$(PY) examples/quickstart.py
 
-## The whole test suite (real Spark local-cluster, real Ray).
+## The whole test suite, every tier (real Spark local-cluster, real Ray); tests/README.md.
 test: venv
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15 tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
 
-## Pure-logic tests only (no Spark, no Ray cluster).
-test-fast: venv
-	$(PY) -m pytest -q -p no:cacheprovider -m "not integration" tests
+## The fast loops, one tier each (tests/README.md): in-process only (< 2 min) ...
+test-unit: venv
+	$(PY) -m pytest -q -p no:cacheprovider --durations=10 -m unit tests
+
+## ... real supervisors, channels, forkers and in-process servers, no Spark (< 3 min) ...
+test-component: venv
+	$(PY) -m pytest -q -p no:cacheprovider --durations=10 -m component tests
+
+## ... and real Spark and Ray.
+test-integration: venv
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m integration tests
 
 bench-training: venv
 	$(PY) benchmarks/training.py
