@@ -18,6 +18,9 @@ PROGRAMS = Path(__file__).parent / "programs"
 #: What the originals (pyspark's own classes) gave some of those programs,
 #: recorded by ``make refresh-originals`` (tests/refresh_originals.py).
 ORIGINALS = Path(__file__).parent / "originals.json"
+#: Stands for a Spark Connect server's URL among a recorded program's
+#: arguments (each run's server has a port of its own).
+CONNECT_URL = "<connect-url>"
 
 
 def recorded_original(program: str, *args: str) -> dict:
