@@ -1,12 +1,19 @@
-"""A notebook's whole life with a distributor, run as a script by
-tests/test_notebook_life.py: train, then the user's own Spark job on every
-task slot, then 90 s of other work, then train again; train, idle past
-keep_warm_s, train; Ctrl-C in the middle of a run (a warm one, and one with
-its own Ray Train run), then a run; spark.stop(), a new SparkSession, train.
-No cluster= anywhere. Prints one JSON line of what the user would check.
+"""A notebook's whole life with the distributors, one import changed, run as
+a script by tests/test_notebook_life.py: train twice and DeepSpeed once, then
+the user's own Spark job on every task slot, then other work for longer than
+Ray waits for a lost GCS, then train again; train, idle past keep_warm_s,
+train; Ctrl-C in the middle of a run (a warm one, and one with its own Ray
+Train run), then a run; spark.stop(), a new SparkSession, train. No cluster=
+and no RAY_ADDRESS anywhere. Prints one JSON line of what the user would check.
 
-``--original`` runs the same program on pyspark's TorchDistributor (the
-raydist-only parts, keep_warm_s and the facade, left out).
+Short clocks, the same property: Ray's GCS reconnect timeout is set to
+GCS_TIMEOUT_S here (Ray's default is 60 s), so "past the timeout" is seconds.
+A process still connected to a cluster that went is ended by Ray then, as it
+would be a minute later with the default.
+
+``--original`` runs the same program on pyspark's own distributors (the
+raydist-only parts, keep_warm_s and the facade, left out); its result is
+recorded in tests/originals.json (``make refresh-originals``).
 """
 
 import json
@@ -17,14 +24,20 @@ import tempfile
 import threading
 import time
 
-from pyspark.sql import SparkSession
+#: Ray's GCS reconnect timeout for this process and all it starts (read by
+#: Ray's C++ config from the environment, before Ray is imported).
+GCS_TIMEOUT_S = 8
+os.environ["RAY_gcs_rpc_server_reconnect_timeout_s"] = str(GCS_TIMEOUT_S)
+
+from pyspark.sql import SparkSession  # noqa: E402
 
 ORIGINAL = "--original" in sys.argv
-OTHER_WORK_S = 5.0 if ORIGINAL else 90.0  # past Ray's 60 s GCS timeout, for a process left connected
+OTHER_WORK_S = 5.0 if ORIGINAL else GCS_TIMEOUT_S + 6.0  # past the GCS timeout, for a process left connected
 if ORIGINAL:
+    from pyspark.ml.deepspeed.deepspeed_distributor import DeepspeedTorchDistributor
     from pyspark.ml.torch.distributor import TorchDistributor
 else:
-    from raydist.compat import TorchDistributor
+    from raydist.compat import DeepspeedTorchDistributor, TorchDistributor
 
 MASTER = "local-cluster[2,1,2048]"
 
@@ -56,7 +69,21 @@ def train(lr):
         opt.step()
     world = dist.get_world_size()
     dist.destroy_process_group()
-    return {"loss": round(loss.item(), 6), "world": world}
+    return {"loss": round(loss.item(), 6), "world": world, "argv": sys.argv[1:], "parent": os.getppid(),
+            "pid": os.getpid()}
+
+
+def train_deepspeed():
+    """Reads its config the way Spark hands it over: the command line."""
+    import argparse
+
+    import deepspeed
+
+    parser = deepspeed.add_config_arguments(argparse.ArgumentParser())
+    args = parser.parse_args()
+    with open(args.deepspeed_config) as f:
+        config = json.load(f)
+    return {"deepspeed": args.deepspeed, "path": args.deepspeed_config, "config": config}
 
 
 #: How long the job a user interrupts would run. Spark's distributor raises
@@ -144,9 +171,16 @@ if not ORIGINAL:
 spark = session()
 distributor = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
 
-# 1. Train, then the user's own Spark job on every task slot (2 executors x 1 core).
+# 1. Train twice and DeepSpeed once, then the user's own Spark job on every
+#    task slot (2 executors x 1 core).
 out["run1"], out["run1_s"] = timed(distributor.run, train, 0.1)
+out["run1b"], out["run1b_s"] = timed(distributor.run, train, 0.05)
 out["cluster1"] = session_cluster()
+config = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 2}}
+ds = DeepspeedTorchDistributor(numGpus=2, nnodes=1, localMode=False, useGpu=False, deepspeedConfig=config)
+out["deepspeed"], out["deepspeed_s"] = timed(ds.run, train_deepspeed)
+out["deepspeed_file_left"] = os.path.exists(out["deepspeed"]["path"])
+out["cluster_deepspeed"] = session_cluster()
 slots = spark.sparkContext.defaultParallelism
 out["spark_job"], out["spark_job_s"] = timed(
     lambda: spark.sparkContext.parallelize(range(slots), slots).map(lambda i: i * i).sum())
