@@ -2,14 +2,26 @@
 changed (``--original``: pyspark's and spark-tensorflow-distributor's own
 classes), run as a script by tests/test_connect.py: every distributor on the
 default path, local mode on the client, and (raydist only) a facade and the
-DataFrame handoff to Ray and back; then the user's own Spark work and
-``spark.stop()``. Prints one RESULT line."""
+DataFrame handoff to Ray and back; then the user's own Spark work, (raydist
+only) a wait past the session cluster's retirement and Ray's GCS reconnect
+timeout and one more run, and ``spark.stop()``. Prints one RESULT line.
+
+Short clocks, the same property: Ray's GCS reconnect timeout is
+GCS_TIMEOUT_S here (Ray's default is 60 s), so the wait is seconds; a process
+still connected to a cluster that went would be ended by Ray within it.
+"""
 
 import json
+import os
 import sys
 import time
 
-from pyspark.sql import SparkSession
+#: Ray's GCS reconnect timeout for this process and all it starts (read by
+#: Ray's C++ config from the environment, before Ray is imported).
+GCS_TIMEOUT_S = 8
+os.environ["RAY_gcs_rpc_server_reconnect_timeout_s"] = str(GCS_TIMEOUT_S)
+
+from pyspark.sql import SparkSession  # noqa: E402
 
 ORIGINAL = "--original" in sys.argv
 if ORIGINAL:
@@ -111,6 +123,16 @@ if not ORIGINAL:
     out["connected"] = ray.is_initialized()
 
 out["spark_sum"] = spark.range(100, numPartitions=2).selectExpr("sum(id) as s").collect()[0]["s"]
+if not ORIGINAL:
+    # The user's own time: the session cluster retires (on Connect after
+    # BLIND_KEEP_WARM_S idle), then Ray's GCS timeout passes, which ends a
+    # process still connected to a cluster that went; then another run.
+    from raydist.train.session import BLIND_KEEP_WARM_S
+
+    time.sleep(BLIND_KEEP_WARM_S + GCS_TIMEOUT_S + 4)
+    out["session_cluster_after_wait"] = session.cluster.name if session.cluster else None
+    out["connected_after_wait"] = ray.is_initialized()
+    out["run_after_wait"] = distributor.run(train, 0.05)
 spark.stop()
 time.sleep(1)
 if not ORIGINAL:
