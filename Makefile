@@ -60,7 +60,7 @@ bench-gpu: venv
 
 ## Record what pyspark's own classes give the programs the tests compare with (tests/originals.json).
 refresh-originals: venv
-	$(PY) -m tests.refresh_originals
+	$(PY) -m tests.refresh_originals $(PROGRAMS)
 
 lint: venv
 	$(PY) -m ruff check raydist tests benchmarks examples

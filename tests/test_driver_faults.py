@@ -133,6 +133,8 @@ def _server_jvm(srv: Server) -> psutil.Process:
 
 
 def test_a_dead_sparkcontext_is_noticed_rebuilt_and_its_clusters_come_back(tmp_path: Path) -> None:
+    """A server whose SparkContext dies under it: about 65 s here, the
+    server's own Spark started twice and its cluster launched twice."""
     # The control plane was never told: health stayed SERVING and every
     # create failed INTERNAL until someone restarted it.
     before = {p.pid for p in ray_processes()}

@@ -18,6 +18,8 @@ def _close(a: list[float], b: list[float]) -> bool:
 
 @pytest.mark.timeout(900)
 def test_a_horovod_pytorch_program_runs_with_only_its_runner_import_changed(no_leftover_ray) -> None:
+    """A Horovod PyTorch program and its single-process reference: about
+    60 s here, a cluster start and two interpreters importing torch."""
     out = run_program("horovod_user.py")
     reference = out["reference"]
 
