@@ -7,6 +7,7 @@ unit test that starts a process or a server fails saying so."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,7 +86,8 @@ def spark() -> Iterator[object]:
     from raydist.engine.spark import embedded_session
 
     # The standalone workers discover the GPUs and hand them to executors.
-    os.environ["RAYDIST_FAKE_GPU_DIR"] = tempfile.mkdtemp(prefix="raydist-fake-gpus-")
+    gpu_dir = tempfile.mkdtemp(prefix="raydist-fake-gpus-")
+    os.environ["RAYDIST_FAKE_GPU_DIR"] = gpu_dir
     session = embedded_session(
         "local-cluster[2,2,1024]",
         {
@@ -101,6 +103,7 @@ def spark() -> Iterator[object]:
     _shared.append(session)
     yield session
     release_shared_spark()
+    shutil.rmtree(gpu_dir, ignore_errors=True)
 
 
 def _describe(procs: list) -> list[str]:

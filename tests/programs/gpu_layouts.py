@@ -12,8 +12,10 @@ device under a stub CUDA that checks the index against CUDA_VISIBLE_DEVICES).
 ``--original`` runs the same functions on pyspark's own TorchDistributor.
 """
 
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -42,6 +44,7 @@ master, worker_gpus, executor_gpus, task_gpus, RANKS, extra = LAYOUTS[LAYOUT]
 
 os.environ["RAYDIST_FAKE_GPUS"] = str(worker_gpus)
 os.environ["RAYDIST_FAKE_GPU_DIR"] = tempfile.mkdtemp(prefix="fake-gpus-")
+atexit.register(shutil.rmtree, os.environ["RAYDIST_FAKE_GPU_DIR"], ignore_errors=True)
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 conf = {
     "spark.ui.enabled": "false",
