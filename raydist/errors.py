@@ -27,6 +27,7 @@ __all__ = [
     "ConnectionInUseError",
     "DataFormatError",
     "AuthenticationError",
+    "StoreUnavailableError",
     "ControlPlaneUnavailableError",
     "RPCError",
     "TrainingConfigError",
@@ -236,6 +237,27 @@ class HomeInUseError(RaydistError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (self.__class__, (self.home, self.other))
+
+
+class StoreUnavailableError(RaydistError):
+    """The control plane's store exists but cannot be opened now (locked by
+    another process, a full disk, an I/O error). It is left as it is: its
+    clusters' records are whole once the cause is fixed.
+
+    Attributes:
+        path: the database file.
+        reason: SQLite's own words.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"the control plane's store {path} cannot be opened: {reason}; it was left untouched. "
+                         "Stop whatever holds it (another `raydist serve` on a copy of this home, a sqlite3 "
+                         "shell), free disk space, or fix the file system, then start again")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.__class__, (self.path, self.reason))
 
 
 class AuthenticationError(RaydistError):

@@ -3,13 +3,16 @@ names no process to stop."""
 
 from __future__ import annotations
 
+import gc
 import os
+import sqlite3
 import stat
 from pathlib import Path
 
 import pytest
 
 from raydist.control.store import ClusterRow, Store
+from raydist.errors import StoreUnavailableError
 
 pytestmark = pytest.mark.unit
 
@@ -49,6 +52,40 @@ def test_the_state_database_and_its_journal_files_are_private(tmp_path: Path) ->
         assert {f.name: _mode(f) for f in older.parent.iterdir()} == {f.name: 0o600 for f in older.parent.iterdir()}
     finally:
         os.umask(old_umask)
+
+
+def test_a_store_locked_by_another_process_is_refused_and_left_whole(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    first = Store(path)
+    first.put(ClusterRow(name="kept", spec={"workers": 2}, state="RUNNING"))
+    first.add_event("kept", "RUNNING", "before the lock")
+    del first  # its connection closes with it
+    gc.collect()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA journal_mode=DELETE")  # as a sqlite3 shell or a backup tool leaves it
+    holder.execute("BEGIN EXCLUSIVE")  # ... mid-write: no one else may read it now
+    holder.execute("UPDATE clusters SET message = 'mid-write'")
+    try:
+        with pytest.raises(StoreUnavailableError) as caught:
+            Store.open(path, busy_timeout_s=0.2)
+        assert caught.value.path == str(path) and "locked" in caught.value.reason
+        assert str(path) in str(caught.value) and "left untouched" in str(caught.value)
+    finally:
+        holder.rollback()
+        holder.close()
+    assert list(tmp_path.glob("state.db.corrupt-*")) == []  # nothing moved aside
+    again = Store.open(path)
+    assert again.get("kept").spec == {"workers": 2}
+    assert [e[3] for e in again.events("kept")] == ["before the lock"]
+
+
+def test_a_store_that_is_not_sqlite_is_kept_aside_and_a_new_one_starts(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    path.write_bytes(b"not SQLite at all " * 200)
+    fresh = Store.open(path)
+    assert fresh.list() == []
+    kept = list(tmp_path.glob("state.db.corrupt-*"))
+    assert len(kept) == 1 and kept[0].read_bytes().startswith(b"not SQLite at all")
 
 
 def test_a_node_temp_dir_another_made_first_is_refused_not_used(tmp_path: Path) -> None:

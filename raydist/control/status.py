@@ -23,6 +23,7 @@ CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (errors.ConnectionInUseError, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.DataFormatError, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.ControlPlaneUnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (errors.StoreUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (errors.RaydistError, grpc.StatusCode.INTERNAL),
 ]
 

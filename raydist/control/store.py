@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raydist.errors import StoreUnavailableError
 from raydist.paths import narrow
 
 __all__ = ["Store", "ClusterRow"]
@@ -76,6 +77,9 @@ class ClusterRow:
 #: ``events_keep`` and ``events_max_age_s`` change them).
 EVENTS_KEEP = 1000
 EVENTS_MAX_AGE_S = 7 * 24 * 3600.0
+#: SQLite's words for a file that is not a store at all (the only ones for
+#: which it is moved aside; every other error leaves it where it is).
+_NOT_A_STORE = frozenset({"SQLITE_NOTADB", "SQLITE_CORRUPT"})
 #: A cluster's events are pruned after this many more were added.
 _PRUNE_EVERY = 50
 
@@ -85,25 +89,30 @@ class Store:
     bound each cluster's events: older ones are dropped as new ones come."""
 
     @classmethod
-    def open(cls, path: Path, **retention: Any) -> Store:
-        """The store at ``path``; a file that is not a SQLite database (a
+    def open(cls, path: Path, **options: Any) -> Store:
+        """The store at ``path``. A file that is not a SQLite database (a
         disk fault, a truncated copy) is kept aside, named in the log, and a
         new store started: a control plane that cannot read its past still
-        serves (its clusters' processes died with the last one anyway)."""
+        serves (its clusters' processes died with the last one anyway). A
+        store that cannot be opened *now* (locked, disk full, I/O error) is
+        never moved: :class:`~raydist.errors.StoreUnavailableError` names it."""
         try:
-            return cls(path, **retention)
+            return cls(path, **options)
         except sqlite3.DatabaseError as exc:
+            if getattr(exc, "sqlite_errorname", "") not in _NOT_A_STORE:
+                raise StoreUnavailableError(str(path), str(exc)) from exc
             kept = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
             for each in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
                 if each.exists():
                     each.rename(kept.with_name(kept.name + each.name[len(path.name):]))
             log.error("the control plane's store %s could not be read (%s); kept it as %s and started a new one",
                       path, exc, kept)
-            return cls(path, **retention)
+            return cls(path, **options)
 
     def __init__(self, path: Path, *, events_keep: int = EVENTS_KEEP,
-                 events_max_age_s: float = EVENTS_MAX_AGE_S) -> None:
+                 events_max_age_s: float = EVENTS_MAX_AGE_S, busy_timeout_s: float = 30.0) -> None:
         self.path = path
+        self.busy_timeout_s = busy_timeout_s
         self.events_keep = events_keep
         self.events_max_age_s = events_max_age_s
         self._added: dict[str, int] = {}  # events added per cluster since its last prune
@@ -125,7 +134,7 @@ class Store:
     def _db(self) -> Iterator[sqlite3.Connection]:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.row_factory = sqlite3.Row
