@@ -134,3 +134,97 @@ def _in_session(sid: int) -> list[int]:
         except (OSError, psutil.Error):
             pass
     return found
+
+
+def _welcomed(ch: NodeChannel, key: str, secret: str, **fields: object) -> socket.socket:
+    hello = {"type": "hello", "key": key, "nonce": os.urandom(16).hex(), "host": "h", "pid": 7,
+             "incarnation": os.urandom(4).hex(), "resume": False, **fields}
+    sock, _, answer = _handshake((ch.host, ch.port), hello, lambda c: node_proof(secret, hello, c["nonce"]))
+    assert answer == {"type": "welcome"}, (fields, answer)
+    return sock
+
+
+def _ended(sock: socket.socket) -> bool:
+    """The driver closed ``sock``: it reads to the end (what it said first aside)."""
+    sock.settimeout(10)
+    try:
+        while sock.recv(4096):
+            pass
+    except ConnectionResetError:  # closed with what we sent still unread
+        return True
+    except TimeoutError:
+        return False
+    return True
+
+
+def test_a_bad_frame_from_a_proven_node_ends_its_own_connection_not_the_channel() -> None:
+    # A node with a valid key (its plan was read, or its supervisor is
+    # buggy) sends frames raydist cannot use: each ends that connection, and
+    # every other node's link, and the channel, carry on.
+    rec = Recorder()
+    keys = NodeKeys()
+    bystander_secret = keys.issue("w1")
+    secret = keys.issue("w0")
+    ch = NodeChannel("127.0.0.1", keys, rec)
+    try:
+        bystander = _welcomed(ch, "w1", bystander_secret)
+        bad_hello = _handshake((ch.host, ch.port), h := {"type": "hello", "key": "w0", "pid": "x", "host": {"a": 1},
+                                                          "nonce": os.urandom(16).hex(), "incarnation": "i"},
+                               lambda c: node_proof(secret, h, c["nonce"]))[0]
+        bad_hello.close()
+        frames = [
+            {"type": "stopped", "log_tail": 1, "code": "x"},
+            {"type": "started", "info": [1, 2], "node_ip": None},
+            b"[" * 200_000,  # nested past Python's recursion limit
+        ]
+        for frame in frames:
+            sock = _welcomed(ch, "w0", secret)
+            sock.sendall(frame + b"\n" if isinstance(frame, bytes) else encode(frame))
+            if isinstance(frame, bytes):
+                assert _ended(sock)  # not a JSON object: its connection ends
+            sock.close()
+        # A log reply that is not one: a size that is no number, data that is no base64.
+        for reply in ({"size": "x", "data": ""}, {"size": 3, "data": "*not base64*"}):
+            sock = _welcomed(ch, "w0", secret)
+            link = ch.links()["w0"]
+            request = link.ask_logs(max_bytes=10)
+            asked = _line(sock)
+            assert asked["cmd"] == "logs", asked
+            sock.sendall(encode({"type": "logs", "req": asked["req"], "name": "raylet.out", **reply}))
+            assert _ended(sock), reply
+            request.forget()
+        # The bystander's link is whole: it is still heard and answered.
+        bystander.sendall(encode({"type": "ping"}))
+        bystander.settimeout(10)
+        assert _line(bystander) == {"type": "pong"}
+        assert not ch.links()["w1"].closed.is_set()
+        # ... and the channel takes new nodes.
+        again = _welcomed(ch, "w0", secret)
+        again.sendall(encode({"type": "ping"}))
+        assert _line(again) == {"type": "pong"}
+        again.close()
+        bystander.close()
+    finally:
+        ch.close()
+
+
+def test_a_node_sends_no_more_logs_than_were_asked_for() -> None:
+    rec = Recorder()
+    keys = NodeKeys()
+    secret = keys.issue("w0")
+    ch = NodeChannel("127.0.0.1", keys, rec)
+    try:
+        sock = _welcomed(ch, "w0", secret)
+        request = ch.links()["w0"].ask_logs(max_bytes=1000)
+        asked = _line(sock)
+        import base64
+
+        chunk = base64.b64encode(b"x" * 600).decode()
+        for i in range(50):  # 30 KB against the 1,000 bytes asked for
+            sock.sendall(encode({"type": "logs", "req": asked["req"], "name": f"f{i}", "size": 600, "data": chunk}))
+        files = request.wait(10)  # answered with what fits, without waiting for a "done"
+        assert sum(len(data) for _, _, data in files) <= 1000
+        assert [name for name, _, _ in files] == ["f0"]
+        sock.close()
+    finally:
+        ch.close()

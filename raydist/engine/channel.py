@@ -270,7 +270,21 @@ class NodeChannel:
     # links --------------------------------------------------------------------
 
     def _admit(self, sock: socket.socket, hello: dict[str, Any], rest: bytes) -> None:
-        """A proven connection becomes its node's link (a new one, or the one it resumes)."""
+        """A proven connection becomes its node's link (a new one, or the one
+        it resumes). Whatever its hello or first lines hold, a fault here
+        ends this connection only, never the channel."""
+        try:
+            self._admit_link(sock, hello, rest)
+        except Exception as exc:  # noqa: BLE001 - one peer's bytes must not end every node's link
+            log.warning("node %s: closing its connection: its hello or first frame could not be used (%s: %s)",
+                        str(hello.get("key", "?"))[:64], type(exc).__name__, str(exc)[:200])
+            conn = self._conns.get(sock)
+            if conn is not None:
+                self._broken(conn, f"it sent a frame raydist could not use ({type(exc).__name__})")
+            else:
+                sock.close()
+
+    def _admit_link(self, sock: socket.socket, hello: dict[str, Any], rest: bytes) -> None:
         try:
             enable_keepalive(sock)
         except OSError:
@@ -293,7 +307,9 @@ class NodeChannel:
                 link._sock = sock
                 self._grace.pop(key, None)
             else:
-                link = NodeLink(key=key, host=str(hello.get("host", "")), pid=int(hello.get("pid", 0) or 0),
+                pid = hello.get("pid")
+                link = NodeLink(key=key, host=str(hello.get("host", ""))[:255],
+                                pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else 0,
                                 incarnation=incarnation, _sock=sock, _post=self._post)
                 stale = None
                 if not hello.get("resume"):
@@ -359,12 +375,18 @@ class NodeChannel:
             del conn.buf[: end + 1]
             try:
                 msg = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: JSON nested past Python's stack
                 msg = None
             if not isinstance(msg, dict):
                 self._broken(conn, "it sent a line that is not a JSON object")
                 return
-            self._handle(conn.link, msg)
+            try:
+                self._handle(conn.link, msg)
+            except Exception as exc:  # noqa: BLE001 - the one guard on what a peer sends: its connection ends
+                log.warning("node %s sent a %r frame raydist could not use (%s: %s): closing its connection",
+                            conn.link.key, str(msg.get("type", ""))[:32], type(exc).__name__, str(exc)[:200])
+                self._broken(conn, f"it sent a frame raydist could not use ({type(exc).__name__})")
+                return
 
     def _handle(self, link: NodeLink, msg: dict[str, Any]) -> None:
         kind = msg.get("type")
@@ -389,8 +411,9 @@ class NodeChannel:
             code = msg.get("code")
             link.exit_code = code if isinstance(code, int) else None
             link.end_reason = str(msg.get("reason", ""))[:500]
-            for tail_line in msg.get("log_tail", []) or []:
-                link.log_tail.append(str(tail_line))
+            tail = msg.get("log_tail")
+            for tail_line in tail[-LOG_TAIL_LINES:] if isinstance(tail, list) else ():
+                link.log_tail.append(str(tail_line)[:MAX_LINE])
             self._emit("stopped", link)
 
     def _emit(self, event: str, link: NodeLink) -> None:

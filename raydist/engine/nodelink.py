@@ -19,6 +19,8 @@ from raydist.engine.wire import encode
 __all__ = ["LOG_TAIL_LINES", "LogRequest", "NodeLink"]
 
 LOG_TAIL_LINES = 40
+#: The most files one answer for a node's logs may name.
+MAX_LOG_FILES = 1000
 
 
 @dataclass
@@ -73,7 +75,7 @@ class NodeLink:
         """Ask for the node's logs and return at once; the answer's
         :meth:`LogRequest.wait` waits for it (many nodes can be asked at once
         with no thread each)."""
-        req = LogRequest(self, secrets.token_hex(6))
+        req = LogRequest(self, secrets.token_hex(6), max_bytes)
         self._log_requests[req.id] = req.box
         self.tell({"cmd": "logs", "req": req.id, "max_bytes": max_bytes, "name": name, "offset": offset})
         return req
@@ -85,9 +87,20 @@ class NodeLink:
         if msg.get("done"):
             box["done"].set()
             return
-        name = str(msg.get("name", ""))
-        entry = box["files"].setdefault(name, (int(msg.get("size", 0)), bytearray()))
-        entry[1].extend(base64.b64decode(str(msg.get("data", ""))))
+        name = str(msg.get("name", ""))[:255]
+        size = msg.get("size", 0)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ValueError(f"a log reply's size is {size!r}, not a byte count")
+        data = base64.b64decode(str(msg.get("data", "")), validate=True)
+        box["got"] += len(data)
+        if box["got"] > box["limit"] or (name not in box["files"] and len(box["files"]) >= MAX_LOG_FILES):
+            # More than was asked for: the answer ends here, with what fits.
+            box["truncated"] = True
+            box["done"].set()
+            self._log_requests.pop(str(msg.get("req", "")), None)
+            return
+        entry = box["files"].setdefault(name, (size, bytearray()))
+        entry[1].extend(data)
 
     def tell(self, message: dict[str, Any]) -> bool:
         """Send the supervisor a command (``stop``; ``head`` with its address).
@@ -99,10 +112,13 @@ class NodeLink:
 class LogRequest:
     """One request for a node's logs, answered over its link."""
 
-    def __init__(self, link: NodeLink, req: str) -> None:
+    def __init__(self, link: NodeLink, req: str, max_bytes: int = NODE_BYTES) -> None:
         self.link = link
         self.id = req
-        self.box: dict[str, Any] = {"files": {}, "done": threading.Event()}
+        # What the node may send for it: ``max_bytes`` of file contents, and
+        # no more files than a node's log directory keeps.
+        self.box: dict[str, Any] = {"files": {}, "done": threading.Event(), "got": 0, "limit": max(0, max_bytes),
+                                    "truncated": False}
 
     def wait(self, timeout: float) -> list[LogFile]:
         """The files, once the node sent them all; TimeoutError after ``timeout`` s."""
