@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raydist.errors import SpecError
+from raydist.errors import AuthenticationError, SpecError
 from raydist.spec import check_name
 
-__all__ = ["Caller", "Tenants", "TenantConfig", "ADMIN", "current_caller", "calling_as", "owner_of"]
+__all__ = ["Caller", "Tenants", "TenantConfig", "ADMIN", "NOBODY", "current_caller", "calling_as", "owner_of"]
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,9 @@ class Caller:
 
     def describe(self) -> str:
         """How events name the caller (a name, never a token)."""
-        return f"tenant {self.name}" if self.name else "admin"
+        if self.name:
+            return f"tenant {self.name}"
+        return "admin" if self.admin else "nobody"
 
     def scoped(self, name: str, field: str = "name") -> str:
         """The engine's name of what this caller calls ``name``; SpecError
@@ -63,11 +65,13 @@ class Caller:
             if tenant:
                 check_name(tenant, field)
             return name
+        if not self.name:
+            raise AuthenticationError("no caller was authenticated for this call")
         return f"{check_name(name, field)}.{self.name}"
 
     def sees(self, engine_name: str) -> bool:
         """Whether this caller may see the cluster the engine calls ``engine_name``."""
-        return self.admin or engine_name.endswith(f".{self.name}")
+        return self.admin or (bool(self.name) and engine_name.endswith(f".{self.name}"))
 
     def shown(self, engine_name: str) -> str:
         """``engine_name`` as this caller names it."""
@@ -83,8 +87,11 @@ def owner_of(engine_name: str) -> str:
 
 #: The control plane's own token.
 ADMIN = Caller("", admin=True)
+#: Who code runs as where the auth layer named no caller: no one, who may
+#: see and do nothing (a path that missed the auth layer fails closed).
+NOBODY = Caller("", admin=False)
 
-_caller: contextvars.ContextVar[Caller] = contextvars.ContextVar("raydist_caller", default=ADMIN)
+_caller: contextvars.ContextVar[Caller] = contextvars.ContextVar("raydist_caller", default=NOBODY)
 
 
 def current_caller() -> Caller:
