@@ -33,6 +33,7 @@ __all__ = [
     "format_size",
     "MAX_WORKERS",
     "MANAGED_RAY_OPTIONS",
+    "ALLOWED_RAY_OPTIONS",
 ]
 
 #: A cluster name is a DNS label: it becomes a Spark job tag, a directory name
@@ -63,6 +64,18 @@ MANAGED_RAY_OPTIONS = frozenset(
         "memory", "object-store-memory", "temp-dir", "ray-client-server-port",
         "dashboard-port", "dashboard-host", "include-dashboard", "redis-password",
         "disable-usage-stats",
+    }
+)
+#: The ``ray start`` options a cluster may set: ports, custom resources,
+#: where objects spill, how logs look. Anything else is refused, so that no
+#: option (``--system-config``, ``--ray-debugger-external``...) can loosen a
+#: cluster's token auth or open a debugger to the network.
+ALLOWED_RAY_OPTIONS = frozenset(
+    {
+        "resources", "object-manager-port", "node-manager-port", "min-worker-port", "max-worker-port",
+        "worker-port-list", "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
+        "metrics-export-port", "plasma-directory", "object-spilling-directory", "include-log-monitor",
+        "log-style", "log-color",
     }
 )
 _RESERVED_ENV_PREFIXES = ("RAY_AUTH_", "RAYDIST_")
@@ -178,7 +191,8 @@ class ClusterSpec:
             work off the driver).
         head_memory / head_object_store: the head node's sizes.
         spark_conf: Spark settings for a SparkSession raydist creates itself.
-        ray_start_options: extra ``ray start`` flags (without ``--``).
+        ray_start_options: extra ``ray start`` flags (without ``--``), from
+            :data:`ALLOWED_RAY_OPTIONS`.
         env: environment for every Ray process of the cluster.
         start_timeout_s: how long ``up`` waits for the cluster to be ready.
         self_heal: resubmit a worker node whose Spark task or executor died.
@@ -260,6 +274,13 @@ class ClusterSpec:
                     key,
                     "raydist sets this `ray start` option itself; use the matching spec field "
                     "(cpus_per_worker, memory_per_worker...) instead",
+                )
+            if key not in ALLOWED_RAY_OPTIONS:
+                raise SpecError(
+                    "ray_start_options",
+                    key,
+                    "not a `ray start` option a cluster may set; it may set "
+                    + ", ".join(sorted(ALLOWED_RAY_OPTIONS)),
                 )
         put("ray_start_options", opts)
         env = _frozen_str_map("env", self.env, _ENV_RE)

@@ -17,6 +17,11 @@ MIB = 1 << 20
 _MANAGED_OPTIONS = {"address", "head", "block", "port", "node-ip-address", "num-cpus", "num-gpus", "memory",
                     "object-store-memory", "temp-dir", "ray-client-server-port", "dashboard-port",
                     "dashboard-host", "include-dashboard", "redis-password", "disable-usage-stats"}
+#: The only `ray start` options a spec may carry (the proto's comment).
+_ALLOWED_OPTIONS = {"resources", "object-manager-port", "node-manager-port", "min-worker-port", "max-worker-port",
+                    "worker-port-list", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                    "runtime-env-agent-port", "metrics-export-port", "plasma-directory",
+                    "object-spilling-directory", "include-log-monitor", "log-style", "log-color"}
 #: size field: its smallest value (0 means "size it for you"); at most 1 PiB.
 _SIZES = {"memory_per_worker": 64 * MIB, "object_store_per_worker": 75 * MIB,
           "head_memory": 64 * MIB, "head_object_store": 75 * MIB}
@@ -39,7 +44,7 @@ def _value_ok(value: str) -> bool:
 
 def _option_ok(key: str, value: str) -> bool:
     return (1 <= len(key) <= 64 and key[0] in _LOWER and set(key) <= _LOWER | _DIGITS | {"-"}
-            and key not in _MANAGED_OPTIONS and _value_ok(value))
+            and key not in _MANAGED_OPTIONS and key in _ALLOWED_OPTIONS and _value_ok(value))
 
 
 def _env_ok(key: str, value: str) -> bool:

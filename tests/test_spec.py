@@ -102,6 +102,20 @@ def test_managed_ray_options_are_refused(option: str) -> None:
         ClusterSpec(name="a", ray_start_options={option: "1"})
 
 
+@pytest.mark.parametrize("option", ["system-config", "ray-debugger-external", "autoscaling-config",
+                                    "proxy-server-url", "cgroup-path", "no-redirect-output", "made-up"])
+def test_ray_options_outside_the_allowlist_are_refused(option: str) -> None:
+    with pytest.raises(SpecError, match="not a `ray start` option a cluster may set") as caught:
+        ClusterSpec(name="a", ray_start_options={option: "1"})
+    assert caught.value.field == "ray_start_options" and "min-worker-port" in str(caught.value)
+
+
+def test_the_allowed_ray_options_are_taken_as_given() -> None:
+    opts = {"resources": '{"tpu": 1}', "min-worker-port": "20000", "max-worker-port": "20100",
+            "object-spilling-directory": "/mnt/spill", "log-style": "record"}
+    assert dict(ClusterSpec(name="a", ray_start_options=opts).ray_start_options) == opts
+
+
 @given(st.text(alphabet=string.ascii_letters + "._-", min_size=1, max_size=30))
 def test_spark_conf_keys_must_be_spark_settings(key: str) -> None:
     if key.startswith("spark."):
