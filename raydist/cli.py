@@ -68,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--tls-key")
     s.add_argument("--tls-client-ca", help="require client certificates signed by this CA (mTLS)")
     s.add_argument("--metrics-port", type=int, help="Prometheus port (0 picks one, -1 turns it off)")
+    s.add_argument("--metrics-host", help="where the metrics listen (default 127.0.0.1: they are not authenticated)")
     s.add_argument("--idle-stop-s", type=float, help="stop after this many seconds without a cluster (0: never)")
     s.add_argument("--stop", action="store_true", help="stop the control plane serving RAYDIST_HOME, then exit")
     s.add_argument("--head", choices=("auto", "executor", "driver"),
@@ -259,6 +260,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, spark_master=args.spark_master, spark_remote=args.spark_remote,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
         spark_conf=dict(args.spark_conf) or None, idle_stop_s=args.idle_stop_s, head=args.head,
     )
     return asyncio.run(serve(cfg, ready=lambda addr: print(f"raydist control plane ready on {addr}", flush=True)))

@@ -52,6 +52,22 @@ def test_defaults_without_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ServerConfig.load() == ServerConfig()
 
 
+def test_the_metrics_listen_on_loopback_unless_exposed_on_purpose() -> None:
+    # They are not authenticated: a server exposed on 0.0.0.0 keeps them local.
+    exposed = ServerConfig.from_toml("[server]\nhost = '0.0.0.0'\n")
+    assert (exposed.host, exposed.metrics_host) == ("0.0.0.0", "127.0.0.1")
+    assert ServerConfig.from_toml("[server]\nmetrics_host = '0.0.0.0'\n").metrics_host == "0.0.0.0"
+
+
+def test_metrics_name_a_tenants_cluster_by_a_digest_only() -> None:
+    from raydist.control.metrics import cluster_label
+
+    assert cluster_label("train") == "train"  # the admin's own
+    label = cluster_label("train.team-a")
+    assert label.startswith("t-") and "train" not in label and "team" not in label
+    assert label == cluster_label("train.team-a") != cluster_label("train.team-b")
+
+
 @pytest.mark.parametrize(
     ("text", "field"),
     [
@@ -64,6 +80,7 @@ def test_defaults_without_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
         ("[ray]\nclient_port = 15000\n", "ray.client_port"),
         ("[server]\ngrace_s = nan\n", "server.grace_s"),
         ("[server]\nhost = ''\n", "server.host"),
+        ("[server]\nmetrics_host = ' '\n", "server.metrics_host"),
         ("[server]\nport = 7000\nmetrics_port = 7000\n", "server.metrics_port"),
         ("[server]\nport = 7000\n[ray]\ngcs_port = 7000\n", "ray.gcs_port"),
         ("[server]\nidle_stop_s = -1\n", "server.idle_stop_s"),

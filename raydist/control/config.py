@@ -7,6 +7,7 @@ one file, ``raydist.toml``::
     host = "0.0.0.0"
     port = 50151
     metrics_port = 9090
+    metrics_host = "0.0.0.0"        # unauthenticated: 127.0.0.1 unless scraped from elsewhere
     events_keep = 1000              # each cluster's newest events kept
     events_max_age_s = 604800       # and none older (7 days)
 
@@ -49,7 +50,8 @@ __all__ = ["CONFIG_ENV", "ServerConfig"]
 #: Environment variable naming the configuration file.
 CONFIG_ENV = "RAYDIST_CONFIG"
 
-_SERVER_KEYS = {"host": str, "port": int, "metrics_port": int, "grace_s": float, "idle_stop_s": float,
+_SERVER_KEYS = {"host": str, "port": int, "metrics_port": int, "metrics_host": str, "grace_s": float,
+                "idle_stop_s": float,
                 "events_keep": int, "events_max_age_s": float,
                 "tls_cert": str, "tls_key": str,
                 "tls_client_ca": str, "link_ports": str}
@@ -68,6 +70,8 @@ class ServerConfig:
         host / port: where the gRPC API listens (127.0.0.1 unless exposed on
             purpose, e.g. ``0.0.0.0`` in a pod).
         metrics_port: Prometheus port; 0 picks a free one, -1 turns it off.
+        metrics_host: where the metrics listen: 127.0.0.1 unless exposed on
+            purpose (a pod's scrape target), since they are not authenticated.
         grace_s: how long in-flight RPCs may finish on SIGTERM.
         idle_stop_s: stop after this long without a cluster (0: never). The
             control plane that ``raydist up`` starts for you uses 600 s.
@@ -106,6 +110,7 @@ class ServerConfig:
     tls_key: str | None = None
     tls_client_ca: str | None = None
     metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
     grace_s: float = 10.0
     idle_stop_s: float = 0.0
     spark_conf: dict[str, str] = field(default_factory=dict)
@@ -128,8 +133,10 @@ class ServerConfig:
             low = -1 if name == "metrics_port" else 0
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 65535:
                 raise SpecError(f"server.{name}", value, f"an integer port from {low} to 65535")
-        if not isinstance(self.host, str) or not self.host.strip():
-            raise SpecError("server.host", self.host, "an address to listen on, such as 127.0.0.1 or 0.0.0.0")
+        for name in ("host", "metrics_host"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise SpecError(f"server.{name}", value, "an address to listen on, such as 127.0.0.1 or 0.0.0.0")
         taken: dict[int, str] = {}
         named = [("server.port", self.port), ("server.metrics_port", self.metrics_port)]
         named += [(f"ray.{name}_port", port) for name, port in self.head_ports.items()]

@@ -3,13 +3,23 @@ latency, and each running cluster's worker-node history."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from raydist._proto import pb
 from raydist.engine.slot import START_BUCKETS, NodeCounters
 
-__all__ = ["Metrics"]
+__all__ = ["Metrics", "cluster_label"]
+
+
+def cluster_label(engine_name: str) -> str:
+    """How the metrics name a cluster. They are not authenticated, so a
+    tenant's cluster (``NAME.TENANT``) is named by a digest of its full name,
+    which says neither the tenant nor the name; the admin's own keep theirs."""
+    if "." not in engine_name:
+        return engine_name
+    return "t-" + hashlib.sha256(engine_name.encode()).hexdigest()[:16]
 
 
 class _NodeCollector:
@@ -32,7 +42,8 @@ class _NodeCollector:
         }
         seconds = HistogramMetricFamily("raydist_node_start_seconds",
                                         "From a node's Spark task start to its Ray node up", labels=["cluster"])
-        for name, c in sorted(by_cluster.items()):
+        for engine_name, c in sorted(by_cluster.items()):
+            name = cluster_label(engine_name)
             families["starts"].add_metric([name], c.starts)
             families["losses"].add_metric([name], c.losses)
             families["restarts"].add_metric([name], c.restarts)

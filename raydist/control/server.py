@@ -401,7 +401,7 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set(service_name, health_pb2.HealthCheckResponse.NOT_SERVING if manager.spark_host.error
                               else health_pb2.HealthCheckResponse.SERVING)
-    metrics_port = metrics.start(config.host, config.metrics_port) if config.metrics_port >= 0 else 0
+    metrics_port = metrics.start(config.metrics_host, config.metrics_port) if config.metrics_port >= 0 else 0
     info = {"address": bound, "pid": os.getpid(), "tls": bool(config.tls_cert), "metrics_port": metrics_port,
             "idle_stop_s": config.idle_stop_s}
     private_file(state_dir / SERVER_FILE, json.dumps(info))
