@@ -29,6 +29,7 @@ class SparkHost:
         self._spark: Any = None
         self._lock = threading.Lock()
         self.error = ""  # why Spark does not run now ("" once it does)
+        self._info = ("", "")  # (master, UI URL), read once per session off the event loop
 
     @property
     def session(self) -> Any:
@@ -41,6 +42,7 @@ class SparkHost:
                     raise ControlPlaneUnavailableError(
                         f"the control plane's Spark is not running ({self.error}); it is retried, try again shortly")
                 self._spark = self._factory()
+                self._info = _info_of(self._spark)
             return self._spark
 
     def start(self, on_state: Callable[[bool, str], None], stop: threading.Event) -> None:
@@ -54,6 +56,7 @@ class SparkHost:
                     return
                 try:
                     self._spark = self._factory()
+                    self._info = _info_of(self._spark)
                     self.error = ""
                 except Exception as exc:  # noqa: BLE001 - reported, then retried
                     self.error = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
@@ -78,15 +81,25 @@ class SparkHost:
         start in progress finishes first."""
         with self._lock:
             spark, self._spark = self._spark, None
+            self._info = ("", "")
             self.error = self.error or why
         return spark
 
     def info(self) -> tuple[str, str]:
-        """(master, UI URL) of the Spark target; empty while Spark starts."""
-        spark = self._spark
-        if spark is None:
-            return "", ""
-        from raydist.engine.sides import side_of
+        """(master, UI URL) of the Spark target; empty while Spark starts.
+        Read when the session started, never now: a call on the event loop
+        must not wait on a py4j call or a Connect round trip (a hung JVM
+        would freeze every RPC and health check)."""
+        return self._info
 
+
+def _info_of(spark: Any) -> tuple[str, str]:
+    """(master, UI URL) of ``spark``, asked once, as it starts."""
+    from raydist.engine.sides import side_of
+
+    try:
         side = side_of(spark)
         return side.master, side.ui_url
+    except Exception:  # noqa: BLE001 - the info is a courtesy; Spark's own health is watched elsewhere
+        log.warning("could not read the Spark master and UI address", exc_info=True)
+        return "", ""
