@@ -94,3 +94,45 @@ def test_the_first_copy_of_a_part_wins(agent, monkeypatch: pytest.MonkeyPatch) -
     parts, errors = a.take("job")
     assert errors == []
     assert list(parts) == [0] and parts[0][1] == 3 and parts[0][0].column("x").to_pylist() == [0, 1, 2]
+
+
+class _OutOfDescriptorsOnce:
+    """A listening socket whose first accept fails as a process out of file
+    descriptors fails (EMFILE); the real socket does the rest."""
+
+    def __init__(self, real: socket.socket) -> None:
+        self._real = real
+        self.failed = 0
+
+    def accept(self) -> tuple[socket.socket, object]:
+        if not self.failed:
+            self.failed += 1
+            import errno
+
+            raise OSError(errno.EMFILE, "Too many open files")
+        return self._real.accept()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+
+def test_the_agent_goes_on_accepting_after_it_ran_out_of_file_descriptors(monkeypatch) -> None:
+    listeners: list[_OutOfDescriptorsOnce] = []
+    real_create_server = socket.create_server
+
+    def create_server(*args: object, **kwargs: object) -> _OutOfDescriptorsOnce:
+        listeners.append(_OutOfDescriptorsOnce(real_create_server(*args, **kwargs)))
+        return listeners[-1]
+
+    monkeypatch.setattr(_agent.socket, "create_server", create_server)
+    a = BlockAgent()
+    port = a.open("127.0.0.1")
+    a.expect("job", "s3cret", max_bytes=4096)
+    try:
+        # The agent's first accept fails; this sender must be served all the same.
+        assert _send(port, {"job": "job", "secret": "s3cret", "part": -1}, _ipc(3)) == b""
+        _, errors = a.take("job")
+        assert listeners[0].failed == 1
+        assert len(errors) == 1 and "partition index" in errors[0], errors
+    finally:
+        listeners[0].close()

@@ -47,3 +47,68 @@ def test_server_info_is_read_once_per_session_and_never_waits_on_spark(monkeypat
     assert side.reads == 2  # once each, as the session started
     host.lose("its SparkContext died")
     assert host.info() == ("", "")  # a lost session names nothing
+
+
+def _until(condition, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+class _Manager:
+    """The part of the ClusterManager the Spark watch uses; its tear-down fails once."""
+
+    def __init__(self, host: SparkHost) -> None:
+        self.spark_host = host
+        self.died = 0
+
+    def spark_died(self) -> list[str]:
+        self.died += 1
+        self.spark_host.lose("its SparkContext died")
+        if self.died == 1:
+            raise OSError("database or disk is full")
+        return []
+
+    def restart(self, names: list[str]) -> None:  # pragma: no cover - nothing asks to come back here
+        raise AssertionError(names)
+
+
+def test_the_spark_watch_outlives_a_failed_heal_and_the_server_gets_a_spark_again(monkeypatch) -> None:
+    from raydist.control import server
+
+    class _Dying:
+        def __init__(self) -> None:
+            self.alive_now = True
+
+        def alive(self) -> bool:
+            return self.alive_now
+
+    made: list[object] = []
+    sides: dict[int, _Dying] = {}
+
+    def factory() -> object:
+        made.append(session := object())
+        sides[id(session)] = _Dying()
+        return session
+
+    monkeypatch.setattr("raydist.engine.sides.side_of", lambda spark: sides[id(spark)])
+    monkeypatch.setattr(server, "SPARK_CHECK_S", 0.01)
+    monkeypatch.setattr(server, "_freeze_heap", lambda: None)  # the server's heap, not this test process's
+    host = SparkHost(factory)
+    manager = _Manager(host)
+    stop = threading.Event()
+    watch = threading.Thread(target=server._keep_spark, args=(manager, lambda running, reason: None, stop),
+                             daemon=True)
+    watch.start()
+    for _ in range(2):  # two deaths: the first heal fails in the middle, the second does not
+        assert _until(lambda: host.started), "no Spark after a death"
+        count = len(made)
+        sides[id(made[-1])].alive_now = False
+        assert _until(lambda: len(made) > count), "the watch did not notice the death"  # noqa: B023
+    assert _until(lambda: host.started)
+    stop.set()
+    watch.join(10)
+    assert manager.died == 2 and len(made) == 3 and host.started  # a Spark after each death

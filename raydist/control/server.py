@@ -305,15 +305,29 @@ def _keep_spark(manager: ClusterManager, on_state: Callable[[bool, str], None], 
     if not host.error:
         _freeze_heap()
     while not stop.wait(SPARK_CHECK_S):
-        if host.alive():
-            continue
-        log.error("the control plane's SparkContext died; tearing its clusters down and starting a new one")
-        on_state(False, "its SparkContext died")
+        try:
+            _heal_spark(manager, on_state, stop)
+        except Exception:  # noqa: BLE001 - this watch must outlive one failure (a store error, a py4j fault)
+            log.exception("watching the control plane's Spark failed; watching on")
+
+
+def _heal_spark(manager: ClusterManager, on_state: Callable[[bool, str], None], stop: threading.Event) -> None:
+    """One look at the server's Spark: when it died, its clusters go, a new
+    session starts, and the clusters that ask to come back start on it."""
+    host = manager.spark_host
+    if host.alive():
+        if not host.started:
+            host.start(on_state, stop)  # a heal that failed half-way left no session: start one
+        return
+    log.error("the control plane's SparkContext died; tearing its clusters down and starting a new one")
+    on_state(False, "its SparkContext died")
+    try:
         back = manager.spark_died()
-        host.start(on_state, stop)
-        if back and not stop.is_set():
-            log.info("starting again on the new SparkContext: %s", ", ".join(back))
-            manager.restart(back)
+    finally:
+        host.start(on_state, stop)  # whatever tearing down did, the server gets a Spark again
+    if back and not stop.is_set():
+        log.info("starting again on the new SparkContext: %s", ", ".join(back))
+        manager.restart(back)
 
 
 def _freeze_heap() -> None:

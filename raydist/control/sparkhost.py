@@ -66,6 +66,11 @@ class SparkHost:
                 return
             backoff = min(30.0, backoff * 2)
 
+    @property
+    def started(self) -> bool:
+        """Whether a session runs now (False while none was made, or after :meth:`lose`)."""
+        return self._spark is not None
+
     def alive(self) -> bool:
         """Whether the session still runs (True while it starts: that is not a death)."""
         spark = self._spark

@@ -17,16 +17,20 @@ pyarrow, and the engine's light ``launch`` module, as a worker node's task does)
 
 from __future__ import annotations
 
+import errno
 import hmac
 import json
+import logging
 import socket
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 __all__ = ["BlockAgent", "send_partitions", "fetch_blocks", "AGENT_NAMESPACE"]
 
 AGENT_NAMESPACE = "raydist"
+log = logging.getLogger(__name__)
 _HEADER_MAX = 4096
 #: Connections served at once; one more is closed at once (a Spark task's
 #: send then fails and Spark retries it), so strangers cannot pile up threads.
@@ -107,11 +111,22 @@ class BlockAgent:
 
     def _accept(self) -> None:
         assert self._server is not None
+        backoff = 0.0
         while True:
             try:
                 conn, _ = self._server.accept()
-            except OSError:
-                return
+            except OSError as exc:
+                if exc.errno in (errno.EBADF, errno.EINVAL):
+                    return  # the listener was closed: nothing more to accept
+                # Out of file descriptors, a connection aborted before it was
+                # taken...: a listener nobody accepts on would hang every
+                # sender, so wait a little and go on.
+                backoff = min(1.0, max(0.05, backoff * 2))
+                log.warning("the block agent could not accept a connection (%s); retrying in %.2f s",
+                            exc.strerror or exc, backoff)
+                time.sleep(backoff)
+                continue
+            backoff = 0.0
             if not self._slots.acquire(blocking=False):
                 conn.close()  # full: refused at once, no thread
                 continue
