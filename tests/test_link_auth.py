@@ -228,3 +228,33 @@ def test_a_node_sends_no_more_logs_than_were_asked_for() -> None:
         sock.close()
     finally:
         ch.close()
+
+
+def test_a_replaced_connection_is_told_to_stop_and_closed_even_if_it_keeps_pinging() -> None:
+    rec = Recorder()
+    keys = NodeKeys()
+    secret = keys.issue("w0")
+    ch = NodeChannel("127.0.0.1", keys, rec)
+    try:
+        stale = _welcomed(ch, "w0", secret)
+        fresh = _welcomed(ch, "w0", secret)  # the slot's task ran again: a new supervisor
+        stale.settimeout(10)
+        heard = []
+        try:
+            for _ in range(50):  # the old one goes on pinging, as a wedged supervisor would
+                stale.sendall(encode({"type": "ping"}))
+                line = _line(stale)
+                if not line:
+                    break
+                heard.append(line)
+        except OSError:
+            pass
+        assert {"cmd": "stop"} in heard and len(heard) < 50, heard
+        fresh.sendall(encode({"type": "ping"}))
+        fresh.settimeout(10)
+        assert _line(fresh) == {"type": "pong"}  # the new one is the node's link
+        assert ch.links()["w0"].incarnation != ""
+        fresh.close()
+        stale.close()
+    finally:
+        ch.close()

@@ -323,7 +323,17 @@ class NodeChannel:
             self._drop(gone)  # the connection it resumed from, still open here
         link.tell({"type": "welcome"})
         if replaced is not None:
+            # The stale connection hears why and is closed: a peer that goes
+            # on pinging on it must not hold a connection (and its buffers)
+            # for a node that has a new one.
             replaced.stop()
+            if (stale_conn := self._conns.get(replaced._sock)) is not None:  # type: ignore[arg-type]
+                self._flush(stale_conn)
+                self._drop(stale_conn)
+            # Whoever still holds the old link sees it end; listeners heard
+            # the new link's hello, and hear nothing of the old one's end.
+            replaced.end_reason = replaced.end_reason or "a new connection of its node replaced it"
+            replaced.closed.set()
         if late:
             # The cluster is going away: a supervisor that connects now (its
             # task started late, on a loaded host) stops its node at once
