@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 #: How soon a cluster's node changes reach its cached status (state changes: at once).
 _SYNC_S = 0.1
+#: How long shutdown waits for each delete in flight.
+_DELETE_WAIT_S = 60.0
 
 #: GetNodeLogs' default and largest answer (bytes of log text).
 _LOG_BYTES_DEFAULT = 256 << 10
@@ -60,6 +62,10 @@ class ClusterManager:
         # read, so no read waits on SQLite or a cluster's lock.
         self._lock = threading.RLock()
         self._engines: dict[str, RayCluster] = {}
+        # Creates whose engine is not registered yet (name -> their row's
+        # created time): a delete or a newer create in between cancels them.
+        self._starting: dict[str, float] = {}
+        self._deleting: dict[str, threading.Event] = {}  # deletes in flight (set when done), waited for at shutdown
         self._protos = ClusterProtos(pb, on_change)
         self._cache = self._protos.by_name  # read without a lock (see ClusterProtos)
         self._dirty: set[str] = set()  # clusters to sync soon
@@ -273,13 +279,27 @@ class ClusterManager:
             row = ClusterRow(name=spec.name, spec=spec.to_dict(), state=State.CREATING.value, message="accepted",
                              desired_workers=spec.desired_workers, request_id=request_id, restart=restart,
                              owner=owner_of(spec.name))
+            # A FAILED cluster's engine may still hold processes: the new one
+            # starts after it is down, never beside it.
+            failed_engine = self._engines.pop(spec.name, None)
             self._store.put(row)
             self._store.add_event(spec.name, row.state, f"accepted from {who}" if who else "accepted")
             self._refresh(row)
-        threading.Thread(target=self._start, args=(spec, row), name=f"raydist-create-{spec.name}", daemon=True).start()
+            self._starting[spec.name] = row.created
+        threading.Thread(target=self._start, args=(spec, row, failed_engine), name=f"raydist-create-{spec.name}",
+                         daemon=True).start()
         return self.get(spec.name)
 
-    def _start(self, spec: ClusterSpec, row: ClusterRow) -> None:
+    def _start(self, spec: ClusterSpec, row: ClusterRow, before: RayCluster | None = None) -> None:
+        """Start ``row``'s engine (after ``before``, the engine it replaces, is
+        down). A delete that came first wins: the engine is registered only
+        while the row is still this create's, and never starts otherwise."""
+        if before is not None:
+            try:
+                before.down()
+            except Exception:  # noqa: BLE001 - the new cluster starts all the same
+                log.exception("tearing down the failed %s before its new start", spec.name)
+
         def on_event(state: str, message: str) -> None:
             self._store.add_event(spec.name, state, message)
             cached = self._cache.get(spec.name)
@@ -294,11 +314,18 @@ class ClusterManager:
                                 head_ports=self._head_ports, head_in_task=self._head_in_task,
                                 link_ports=self._link_ports)
             with self._lock:
+                if self._starting.get(spec.name) != row.created:
+                    log.info("cluster %s was deleted or replaced before it started; not starting it", spec.name)
+                    return
+                del self._starting[spec.name]
                 self._engines[spec.name] = engine
             engine.start()
         except Exception as exc:  # noqa: BLE001 - the reason goes to the store and the watchers
             log.warning("cluster %s failed to start: %s", spec.name, exc)
-            self._fail(spec.name, str(exc))
+            with self._lock:
+                if self._starting.get(spec.name) == row.created:
+                    del self._starting[spec.name]
+            self._fail(spec.name, str(exc), engine_of=row.created)
             return
         self._sync(spec.name)
 
@@ -354,20 +381,27 @@ class ClusterManager:
                     )
                 raise ClusterNotFoundError(name)
             engine = self._engines.pop(name, None)
+            self._starting.pop(name, None)  # a start not registered yet never starts
+            done = self._deleting[name] = threading.Event()
             row.state = State.DELETING.value
             row.message = "tearing down"
             self._store.put(row)
             self._store.add_event(name, row.state, f"tearing down, asked by {who}" if who else row.message)
             self._refresh(row)
-        if engine is not None:
-            engine.down()
-        with self._lock:
-            row = self._store.get(name) or row
-            row.state, row.message, row.ready_workers = State.DELETED.value, "deleted", 0
-            row.address = row.client_address = row.dashboard_url = ""
-            self._store.put(row)
-            self._store.add_event(name, row.state, row.message)
-            self._refresh(row)
+        try:
+            if engine is not None:
+                engine.down()
+        finally:
+            with self._lock:
+                row = self._store.get(name) or row
+                row.state, row.message, row.ready_workers = State.DELETED.value, "deleted", 0
+                row.address = row.client_address = row.dashboard_url = ""
+                self._store.put(row)
+                self._store.add_event(name, row.state, row.message)
+                self._refresh(row)
+                if self._deleting.get(name) is done:
+                    del self._deleting[name]
+                done.set()
         return self.get(name)
 
     def events_after(self, name: str, after_id: int) -> list[tuple[int, float, str, str]]:
@@ -403,7 +437,14 @@ class ClusterManager:
                     self._store.add_event(name, State.FAILED.value, message)
                 self._protos.unreadable(name, message)
                 continue
-            if row.state not in (State.DELETED.value, State.FAILED.value) and self._ended(
+            if row.state == State.DELETING.value:
+                # Asked to go, and its processes went with the last server.
+                row.state, row.message, row.ready_workers = State.DELETED.value, "deleted (the control plane " \
+                    "restarted while tearing it down)", 0
+                row.address = row.client_address = row.dashboard_url = ""
+                self._store.put(row)
+                self._store.add_event(row.name, row.state, row.message)
+            elif row.state not in (State.DELETED.value, State.FAILED.value) and self._ended(
                     row, back="control plane restarted; starting again", refresh=False,
                     failed="the control plane restarted; the cluster's Ray processes were stopped with it"):
                 restart.append(row.name)
@@ -435,13 +476,22 @@ class ClusterManager:
             except Exception as exc:  # noqa: BLE001 - the reason goes to the row, the server keeps serving
                 self._fail(name, f"could not start again after the control plane restarted: {exc}")
                 continue
+            with self._lock:
+                row = self._store.get(name)
+                if row is None or row.state != State.CREATING.value:
+                    continue  # deleted while Spark came up
+                self._starting[name] = row.created
             threading.Thread(target=self._start, args=(spec, row), name=f"raydist-restart-{name}", daemon=True).start()
 
-    def _fail(self, name: str, message: str) -> None:
+    def _fail(self, name: str, message: str, engine_of: float | None = None) -> None:
+        """Mark ``name`` FAILED with ``message``; ``engine_of``: only if its row
+        is still the one created then (not one a later create made)."""
         with self._lock:
-            self._engines.pop(name, None)
             current = self._store.get(name)
-            if current is not None and current.state != State.DELETED.value:
+            if engine_of is not None and (current is None or current.created != engine_of):
+                return
+            self._engines.pop(name, None)
+            if current is not None and current.state not in (State.DELETED.value, State.DELETING.value):
                 current.state = State.FAILED.value
                 current.message = message[:2000]
                 self._store.put(current)
@@ -471,6 +521,10 @@ class ClusterManager:
         them."""
         with self._lock:
             engines, self._engines = dict(self._engines), {}
+            self._starting.clear()  # starts not registered yet never start
+            deleting = list(self._deleting.values())
+        for done in deleting:  # a delete in flight ends DELETED, not left DELETING for the next server
+            done.wait(_DELETE_WAIT_S)
         for name, engine in engines.items():
             try:
                 engine.down()
