@@ -83,6 +83,44 @@ def test_strangers_leave_no_trace_and_cannot_hold_every_connection(agent) -> Non
             s.close()
 
 
+def test_a_header_sent_a_byte_at_a_time_loses_its_place_at_the_deadline(agent) -> None:
+    a, port = agent  # the header deadline is 1 s here
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as slow:
+        header = json.dumps({"job": "job", "secret": "s3cret", "part": 0}).encode()
+        sent = 0
+        try:
+            for byte in header[:10]:  # a byte every 0.3 s: each read is quick, the whole header never comes
+                slow.sendall(bytes([byte]))
+                sent += 1
+                time.sleep(0.3)
+            slow.settimeout(2)
+            ended = slow.recv(1) == b""
+        except (BrokenPipeError, ConnectionResetError):
+            ended = True
+        assert ended and sent < 10, f"the agent still held the connection after {sent} slow bytes"
+    assert a.take("job") == ({}, [])  # a stranger until its header: no trace
+
+
+def test_one_address_cannot_take_every_place(agent) -> None:
+    a, port = agent
+    crowd = [socket.create_connection(("127.0.0.1", port)) for _ in range(_agent._MAX_PER_SOURCE + 8)]
+    try:
+        time.sleep(0.2)
+        import select
+
+        closed = select.select(crowd, [], [], 0.2)[0]  # readable now: closed by the agent
+        assert len(closed) == 8 and all(s.recv(1) == b"" for s in closed)  # the address's share, no more
+        # Another address (here 127.0.0.2, another host's tasks) is served at once.
+        with socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.2", 0)) as other:
+            other.sendall(json.dumps({"job": "job", "secret": "s3cret", "part": -1}).encode() + b"\n")
+            other.shutdown(socket.SHUT_WR)
+            assert other.recv(1) == b""
+        assert len(a.take("job")[1]) == 1  # judged (refused for its index), not left waiting
+    finally:
+        for s in crowd:
+            s.close()
+
+
 def test_the_first_copy_of_a_part_wins(agent, monkeypatch: pytest.MonkeyPatch) -> None:
     # A sender with the job's secret cannot replace a partition a Spark task
     # delivered: a later copy is read, answered with the rows kept, and dropped.

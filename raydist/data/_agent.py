@@ -35,13 +35,61 @@ _HEADER_MAX = 4096
 #: Connections served at once; one more is closed at once (a Spark task's
 #: send then fails and Spark retries it), so strangers cannot pile up threads.
 _MAX_CONNECTIONS = 64
-#: How long a connection may take to say which job it is for.
+#: Of those, how many one address may hold (a host's Spark tasks send from
+#: one address; a stranger's address cannot take every place).
+_MAX_PER_SOURCE = 32
+#: How long a connection may take to say which job it is for, in all (a
+#: deadline: a byte now and then does not keep a place).
 _HEADER_S = 10.0
 #: Partition indexes a job may name (a bound, not the plan: the driver
 #: keeps only the parts its Spark tasks reported).
 _MAX_PART = 1 << 24
 #: The most bytes one partition may send (RAYDIST_MAX_PART_BYTES).
 MAX_PART_BYTES = 8 << 30
+
+
+class _Prefixed:
+    """A binary reader of ``head`` and then ``rest`` (what followed the header
+    in the same reads, then the rest of the stream)."""
+
+    def __init__(self, head: bytes, rest: Any) -> None:
+        self._head = head
+        self._rest = rest
+
+    def read(self, n: int = -1) -> bytes:
+        if self._head:
+            if n is None or n < 0:
+                data, self._head = self._head + self._rest.read(), b""
+                return data
+            data, self._head = self._head[:n], self._head[n:]
+            if len(data) < n:  # a reader expects n bytes unless the stream ends
+                data += self._rest.read(n - len(data))
+            return data
+        return self._rest.read(n)
+
+    def readable(self) -> bool:
+        return True
+
+
+def _read_header(conn: socket.socket, deadline: float) -> tuple[bytes, bytes]:
+    """The header line ``conn`` sends before ``deadline`` (monotonic), and
+    what came after it in the same reads. ValueError for a line too long;
+    TimeoutError when the deadline passes first, however the bytes trickle."""
+    buf = bytearray()
+    while (end := buf.find(b"\n")) < 0:
+        if len(buf) > _HEADER_MAX:
+            raise ValueError(f"a header longer than {_HEADER_MAX} bytes")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no header within {_HEADER_S:g} s")
+        conn.settimeout(left)
+        chunk = conn.recv(_HEADER_MAX + 1 - len(buf))
+        if not chunk:
+            raise ConnectionError("closed before its header")
+        buf += chunk
+    if end > _HEADER_MAX:
+        raise ValueError(f"a header longer than {_HEADER_MAX} bytes")
+    return bytes(buf[:end]), bytes(buf[end + 1:])
 
 
 class _Bounded:
@@ -75,6 +123,7 @@ class BlockAgent:
         self._lock = threading.Lock()
         self._jobs: dict[str, dict[str, Any]] = {}
         self._slots = threading.BoundedSemaphore(_MAX_CONNECTIONS)
+        self._by_source: dict[str, int] = {}  # connections held, by address
 
     def open(self, host: str) -> int:
         """Listen on ``host`` (this node's address); returns the port. Idempotent."""
@@ -114,7 +163,7 @@ class BlockAgent:
         backoff = 0.0
         while True:
             try:
-                conn, _ = self._server.accept()
+                conn, peer = self._server.accept()
             except OSError as exc:
                 if exc.errno in (errno.EBADF, errno.EINVAL):
                     return  # the listener was closed: nothing more to accept
@@ -127,26 +176,43 @@ class BlockAgent:
                 time.sleep(backoff)
                 continue
             backoff = 0.0
-            if not self._slots.acquire(blocking=False):
+            source = str(peer[0]) if isinstance(peer, tuple) else ""
+            with self._lock:
+                crowded = self._by_source.get(source, 0) >= _MAX_PER_SOURCE
+                if not crowded:
+                    self._by_source[source] = self._by_source.get(source, 0) + 1
+            if crowded or not self._slots.acquire(blocking=False):
+                if not crowded:
+                    self._left(source)
                 conn.close()  # full: refused at once, no thread
                 continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn, source), daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _left(self, source: str) -> None:
+        with self._lock:
+            held = self._by_source.get(source, 0) - 1
+            if held > 0:
+                self._by_source[source] = held
+            else:
+                self._by_source.pop(source, None)
+
+    def _serve(self, conn: socket.socket, source: str = "") -> None:
         try:
             self._serve_one(conn)
         finally:
             conn.close()
             self._slots.release()
+            self._left(source)
 
     def _serve_one(self, conn: socket.socket) -> None:
         import pyarrow as pa
 
-        conn.settimeout(_HEADER_S)
         job = ""
         try:
-            stream = conn.makefile("rb")
-            header = json.loads(stream.readline(_HEADER_MAX))
+            line, after = _read_header(conn, time.monotonic() + _HEADER_S)
+            header = json.loads(line)
+            if not isinstance(header, dict):
+                raise ValueError("a header that is not a JSON object")
             job = str(header.get("job", ""))
             with self._lock:
                 state = self._jobs.get(job)
@@ -164,6 +230,7 @@ class BlockAgent:
             part = header.get("part")
             if isinstance(part, bool) or not isinstance(part, int) or not 0 <= part < _MAX_PART:
                 raise ValueError(f"a partition index from 0 to {_MAX_PART - 1} (got {str(part)[:20]})")
+            stream = _Prefixed(after, conn.makefile("rb"))
             table = pa.ipc.open_stream(_Bounded(stream, state["max_bytes"])).read_all()
             with self._lock:
                 earlier = state["parts"].get(part)
