@@ -186,3 +186,56 @@ def test_a_crowd_of_silent_strangers_cannot_keep_a_node_off_the_relay(relayed) -
             s.close()
         if sup is not None and sup.poll() is None:
             os.killpg(sup.pid, 9)
+
+
+def test_the_driver_counts_relayed_handshakes_by_the_address_they_came_from() -> None:
+    # Strangers' hellos that reach the driver through the relay hold its
+    # handshake places as direct ones do: MAX_PENDING_PER_SOURCE for one
+    # address, and another address still gets its challenge.
+    from raydist.engine.handshake import MAX_PENDING_PER_SOURCE
+
+    rec = Recorder()
+    keys = NodeKeys()
+    keys.issue("head")
+    ch = NodeChannel("127.0.0.1", keys, rec)
+    far_ends = []
+    try:
+        def relayed_hello(source: str) -> socket.socket:
+            ours, theirs = socket.socketpair()
+            theirs.sendall(encode({"type": "hello", "key": "head", "nonce": os.urandom(16).hex()}))
+            ch.adopt(ours, source)
+            far_ends.append(theirs)
+            return theirs
+
+        crowd = [relayed_hello("relay:10.9.9.9") for _ in range(MAX_PENDING_PER_SOURCE + 12)]
+        other = relayed_hello("relay:10.9.9.7")
+
+        def answered(sock: socket.socket) -> bool:
+            sock.settimeout(2)
+            try:
+                return json.loads(sock.makefile("rb").readline() or b"{}").get("type") == "challenge"
+            except (OSError, ValueError):
+                return False
+
+        assert sum(answered(s) for s in crowd) == MAX_PENDING_PER_SOURCE
+        assert answered(other)
+    finally:
+        for s in far_ends:
+            s.close()
+        ch.close()
+
+
+def test_the_relay_tells_the_driver_where_a_node_connected_from(relayed) -> None:
+    ch, relay, dialer, rec, secret = relayed
+    sources: list[str] = []
+    adopt = dialer._adopt
+    dialer._adopt = lambda conn, source: (sources.append(source), adopt(conn, source))  # type: ignore[method-assign]
+    sup = _start_at(("127.0.0.1", relay.port), secret, [])
+    try:
+        assert rec.wait("started"), rec.events
+        assert sources and set(sources) == {"relay:127.0.0.1"}, sources
+        ch.stop_all()
+        assert sup.wait(timeout=15) == 0
+    finally:
+        if sup.poll() is None:
+            os.killpg(sup.pid, 9)

@@ -114,7 +114,8 @@ class NodeChannel:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._adopted: deque[socket.socket] = deque()  # connections dialled out to a relay, to say hello
+        # Connections dialled out to a relay, to say hello, and where their far end came from.
+        self._adopted: deque[tuple[socket.socket, str]] = deque()
         self.host = host
         self.port: int = self._server.getsockname()[1]
         self._links: dict[str, NodeLink] = {}
@@ -136,11 +137,13 @@ class NodeChannel:
         with self._lock:
             return dict(self._links)
 
-    def adopt(self, conn: socket.socket) -> None:
+    def adopt(self, conn: socket.socket, source: str = "relay:") -> None:
         """Take a connection this process dialled (to the cluster's relay,
         :mod:`raydist.engine.relay`) as if the supervisor at its far end had
-        connected here: its hello is read and checked the same way."""
-        self._adopted.append(conn)
+        connected here: its hello is read and checked the same way, and
+        counted against ``source`` (where the far end connected from) as a
+        direct connection is against its address."""
+        self._adopted.append((conn, source))
         if not self._wake():
             conn.close()  # the channel is closed
 
@@ -246,11 +249,11 @@ class NodeChannel:
         except OSError:
             pass
         while self._adopted:
-            conn = self._adopted.popleft()
+            conn, source = self._adopted.popleft()
             if self._closing:
                 conn.close()
             else:
-                hellos.take(conn, None)
+                hellos.take(conn, source)
         with self._lock:
             stuck, self._stuck = self._stuck, set()
             want, self._want_write = self._want_write, set()
@@ -496,7 +499,7 @@ class NodeChannel:
 
     def _shut(self) -> None:
         while self._adopted:
-            self._adopted.popleft().close()
+            self._adopted.popleft()[0].close()
         for conn in list(self._conns.values()):
             self._flush(conn)
             self._drop(conn)

@@ -253,7 +253,9 @@ class LinkRelay:
         link_id = secrets.token_hex(8)
         with self._lock:
             self._waiting[link_id] = (conn, first + b"\n" + rest, time.monotonic() + self._wait_s, source)
-        self._tell({"type": "dial", "id": link_id})
+        # Its address goes with it: the driver counts each stranger's
+        # handshakes by where they came from, as it does on a direct link.
+        self._tell({"type": "dial", "id": link_id, "source": source})
 
     def _from_driver(self, conn: socket.socket, kind: str, msg: dict[str, object], rest: bytes) -> bool:
         """Whether a driver's connection proves the relay's key: a pair over
@@ -347,7 +349,7 @@ class RelayDialer:
     ``address`` and hands each pair connection to ``adopt`` (the channel).
     Reconnects after a break until :meth:`close`."""
 
-    def __init__(self, address: tuple[str, int], secret: str, adopt: Callable[[socket.socket], None]) -> None:
+    def __init__(self, address: tuple[str, int], secret: str, adopt: Callable[[socket.socket, str], None]) -> None:
         self.address = address
         self._secret = secret
         self._adopt = adopt
@@ -403,13 +405,13 @@ class RelayDialer:
         while not self._closed.is_set():
             msg = reader.read()
             if msg.get("type") == "dial":
-                threading.Thread(target=self._dial, args=(str(msg.get("id", "")),), daemon=True,
-                                 name="raydist-dialer-pair").start()
+                threading.Thread(target=self._dial, args=(str(msg.get("id", "")), str(msg.get("source", ""))[:64]),
+                                 daemon=True, name="raydist-dialer-pair").start()
             if time.monotonic() - last_ping >= HEARTBEAT_S:
                 sock.sendall(encode({"type": "ping"}))
                 last_ping = time.monotonic()
 
-    def _dial(self, link_id: str) -> None:
+    def _dial(self, link_id: str, source: str = "") -> None:
         try:
             conn = socket.create_connection(self.address, timeout=HANDSHAKE_S)
         except OSError as exc:
@@ -421,4 +423,4 @@ class RelayDialer:
         except OSError:
             conn.close()
             return
-        self._adopt(conn)
+        self._adopt(conn, f"relay:{source}")
