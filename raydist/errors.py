@@ -19,6 +19,7 @@ __all__ = [
     "RaydistError",
     "SpecError",
     "CapacityError",
+    "QuotaExceededError",
     "NodeStartTimeoutError",
     "ClusterNotFoundError",
     "ClusterExistsError",
@@ -84,6 +85,29 @@ class CapacityError(RaydistError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (self.__class__, (self.asked, self.available, self.fix))
+
+
+class QuotaExceededError(RaydistError):
+    """A tenant asked for more than its quota allows (``[tenants.NAME]``).
+
+    Attributes:
+        tenant: the tenant.
+        what: the quota's key (``max_clusters``, ``max_workers``...).
+        limit: its value.
+        detail: what the tenant holds now, in words.
+    """
+
+    def __init__(self, tenant: str, what: str, limit: int, detail: str) -> None:
+        self.tenant = tenant
+        self.what = what
+        self.limit = limit
+        self.detail = detail
+        super().__init__(f"tenant {tenant} is at its quota ({what} = {limit}): {detail}; free some "
+                         f"(raydist down, smaller clusters, fewer calls at once), or ask the control plane's admin "
+                         f"for a larger {what} in [tenants.{tenant}]")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.__class__, (self.tenant, self.what, self.limit, self.detail))
 
 
 class NodeStartTimeoutError(RaydistError, TimeoutError):

@@ -34,3 +34,28 @@ def test_the_named_caller_is_current_for_its_call_only() -> None:
     assert contextvars.Context().run(as_team) == (team, "train.team-a", False)
     assert contextvars.Context().run(lambda: (calling_as(ADMIN), current_caller())[1]) is ADMIN
     assert contextvars.Context().run(current_caller).describe() == "nobody"  # nothing leaked
+
+
+def test_a_tenants_quota_is_read_from_its_table_with_defaults(tmp_path) -> None:
+    from raydist.control.config import ServerConfig
+    from raydist.control.tenants import Quota, Tenants
+    from raydist.errors import SpecError
+
+    token = tmp_path / "t"
+    token.write_text("a-token-of-the-team-" + "x" * 8)
+    token.chmod(0o600)
+    admin_token = tmp_path / "ops"
+    admin_token.write_text("a-token-of-the-ops-" + "y" * 8)
+    admin_token.chmod(0o600)
+    cfg = ServerConfig.from_toml(f'[tenants.team]\ntoken_file = "{token}"\nmax_clusters = 2\nmax_watches = 0\n'
+                                 f'[tenants.ops]\ntoken_file = "{admin_token}"\nadmin = true\n')
+    team, ops = cfg.tenants
+    assert team.quota == Quota(max_clusters=2, max_workers=Quota().max_workers, max_slow_calls=4, max_watches=0)
+    tenants = Tenants("the-admins-own-token-0123", cfg.tenants)
+    header = f"Bearer {token.read_text()}".encode()
+    assert tenants.by_bearer(header).quota == team.quota
+    assert tenants.by_bearer(f"Bearer {admin_token.read_text()}".encode()).quota is None  # an admin has none
+    for bad in ("max_clusters = -1", "max_workers = true", "max_slow_calls = 'many'", "max_watchs = 1"):
+        with pytest.raises(SpecError) as caught:
+            ServerConfig.from_toml(f'[tenants.team]\ntoken_file = "{token}"\n{bad}\n')
+        assert caught.value.field == f"tenants.team.{bad.split(' = ')[0]}", bad

@@ -137,3 +137,33 @@ def test_shutdown_waits_for_a_delete_in_flight(manager: ClusterManager, monkeypa
     manager.shutdown()
     assert _state(manager) == State.DELETED.value  # not DELETING for the next server to find
     deleting.join(10)
+
+
+def test_a_tenants_quota_bounds_its_live_clusters_and_their_workers(manager: ClusterManager) -> None:
+    from raydist.control.tenants import Quota
+    from raydist.errors import QuotaExceededError
+
+    _Engine.gate.set()
+    quota = Quota(max_clusters=2, max_workers=5)
+
+    def create(name: str, workers: int, **kw: object) -> object:
+        return manager.create(spec_to_proto(ClusterSpec(name=name, workers=workers)), "", quota=quota, **kw)
+
+    create("a.team", 2)
+    with pytest.raises(QuotaExceededError, match="max_workers = 5") as over:
+        create("b.team", 4)  # 2 + 4 > 5
+    assert over.value.tenant == "team" and "[tenants.team]" in str(over.value)
+    with pytest.raises(QuotaExceededError):
+        create("b.team", 4, validate_only=True)  # every check a create makes
+    create("b.team", 3)
+    with pytest.raises(QuotaExceededError, match="max_clusters = 2"):
+        create("c.team", 1)
+    create("c.other", 5)  # another tenant's quota is its own
+    assert _until(lambda: len([e for e in _Engine.made if e.started.is_set()]) == 3)
+    manager.delete("a.team", allow_missing=False)
+    create("c.team", 2)  # a deleted cluster frees its place
+    # Growing a cluster counts too.
+    assert _until(lambda: manager._engines.get("c.team") is not None)
+    with pytest.raises(QuotaExceededError, match="max_workers"):
+        manager.update(spec_to_proto(ClusterSpec(name="c.team", min_workers=1, max_workers=3)), ["max_workers"],
+                       quota=quota)  # b.team's 3 + 3 > 5

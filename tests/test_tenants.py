@@ -38,10 +38,12 @@ def _token_file(path: Path, token: str, mode: int = 0o600) -> Path:
 @pytest.fixture(scope="module")
 def tenants(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, dict[str, str]]]:
     home = tmp_path_factory.mktemp("home")
-    tokens = {"alice": "alice-" + os.urandom(12).hex(), "bob": "bob-" + os.urandom(12).hex()}
+    tokens = {"alice": "alice-" + os.urandom(12).hex(), "bob": "bob-" + os.urandom(12).hex(),
+              "carol": "carol-" + os.urandom(12).hex()}
     lines = []
     for name, token in tokens.items():
         lines += [f"[tenants.{name}]", f'token_file = "{_token_file(home / f"{name}.token", token)}"']
+    lines += ["max_slow_calls = 0", "max_watches = 0"]  # carol's quota: nothing that waits, no streams
     config = home / "raydist.toml"
     config.write_text("\n".join(lines) + "\n")
     before = {p.pid for p in ray_processes()}
@@ -120,6 +122,18 @@ def test_a_tenant_cannot_see_reach_or_learn_of_another_tenants_cluster(tenants) 
         down = _cli(server, tokens["alice"], "down", "x")
     assert down.returncode == 0, down.stderr
     assert alice.get("x").state == pb.DELETED
+
+
+def test_a_tenant_past_its_quota_is_told_which_and_how_to_free_it(tenants) -> None:
+    server, tokens = tenants
+    carol, alice = server.client(token=tokens["carol"]), server.client(token=tokens["alice"])
+    code, details = _refusal(lambda: carol.create(pb.ClusterSpec(name="y", workers=1), validate_only=True))
+    assert code == "RESOURCE_EXHAUSTED" and "max_slow_calls = 0" in details and "[tenants.carol]" in details
+    code, details = _refusal(lambda: next(iter(carol.watch("y"))))
+    assert code == "RESOURCE_EXHAUSTED" and "max_watches = 0" in details
+    assert carol.list() == []  # what waits on nothing is not bounded
+    # Another tenant's quota is its own.
+    assert alice.create(pb.ClusterSpec(name="y", workers=1), validate_only=True).spec.name == "y"
 
 
 def test_a_wrong_token_is_refused_and_tokens_live_in_private_files(tenants, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from raydist.control.protos import ClusterProtos, ts
 from raydist.control.sparkhost import SparkHost
 from raydist.control.store import ClusterRow, Store
-from raydist.control.tenants import owner_of
+from raydist.control.tenants import Quota, owner_of
 from raydist.engine.auth import RayToken
 from raydist.engine.cluster import RayCluster
 from raydist.engine.slot import NodeCounters
@@ -24,6 +24,7 @@ from raydist.errors import (
     ClusterNotFoundError,
     ClusterNotReadyError,
     ControlPlaneUnavailableError,
+    QuotaExceededError,
     SpecError,
 )
 from raydist.spec import ClusterSpec, State, check_name, spec_from_proto, spec_to_proto
@@ -118,7 +119,23 @@ class ClusterManager:
             raise ClusterNotFoundError(name)
         return msg
 
-    def update(self, spec_msg: Any, paths: list[str], who: str = "") -> Any:
+    def _check_quota(self, name: str, workers: int, quota: Quota) -> None:
+        """Whether ``name``'s owner may have one more live cluster of (at
+        most) ``workers`` workers, ``name`` not counted as it is now. Called
+        with the writers' lock held: two creates cannot both take the last place."""
+        pb = self._pb
+        owner = owner_of(name)
+        live = [msg for other, msg in dict(self._cache).items()
+                if other != name and owner_of(other) == owner and msg.state not in (pb.DELETED, pb.FAILED)]
+        if len(live) + 1 > quota.max_clusters:
+            raise QuotaExceededError(owner, "max_clusters", quota.max_clusters,
+                                     f"it has {len(live)} live clusters")
+        held = sum(int(msg.spec.max_workers) for msg in live)
+        if held + workers > quota.max_workers:
+            raise QuotaExceededError(owner, "max_workers", quota.max_workers,
+                                     f"its other clusters may grow to {held} workers, and this one asks for {workers}")
+
+    def update(self, spec_msg: Any, paths: list[str], who: str = "", quota: Quota | None = None) -> Any:
         """UpdateCluster (AIP-134): change the fields ``paths`` names (of
         ``_UPDATABLE``) of a running cluster to ``spec_msg``'s values."""
         name = check_name(spec_msg.name, "spec.name", full=True)
@@ -137,6 +154,13 @@ class ClusterManager:
             if row is None or row.state == State.DELETED.value:
                 raise ClusterNotFoundError(name)
             engine = self._engines.get(name)
+            if quota is not None and ("workers" in changes or "max_workers" in changes):
+                ceiling = int(ClusterSpec.from_dict(row.spec).max_workers or 0)  # the most it may grow to
+                if "max_workers" in changes:
+                    ceiling = int(changes["max_workers"])
+                elif "workers" in changes:
+                    ceiling = max(ceiling, int(changes["workers"]))
+                self._check_quota(name, ceiling, quota)
         if engine is None or row.state not in (State.RUNNING.value, State.DEGRADED.value, State.CREATING.value):
             raise ClusterNotReadyError(f"cluster {name!r} is {row.state}: only a live cluster can be resized")
         engine.resize(**changes)
@@ -233,10 +257,12 @@ class ClusterManager:
 
     # writes ----------------------------------------------------------------
 
-    def create(self, spec_msg: Any, request_id: str, *, validate_only: bool = False, who: str = "") -> Any:
+    def create(self, spec_msg: Any, request_id: str, *, validate_only: bool = False, who: str = "",
+               quota: Quota | None = None) -> Any:
         """Create a cluster from its proto; returns it in CREATING at once.
         ``validate_only``: every check a create makes, nothing created.
-        ``who`` asked (recorded in the cluster's first event)."""
+        ``who`` asked (recorded in the cluster's first event); ``quota``: its
+        owner's (QuotaExceededError past it; None: no limit)."""
         spec = spec_from_proto(spec_msg)
         if len(request_id) > 128 or not request_id.isascii() or not request_id.isprintable():
             raise SpecError("request_id", request_id[:40], "expected at most 128 printable ASCII characters")
@@ -273,6 +299,8 @@ class ClusterManager:
                 else:
                     detail = "with another spec; delete it first or pick another name"
                 raise ClusterExistsError(spec.name, detail)
+            if quota is not None:
+                self._check_quota(spec.name, int(spec.max_workers or 0), quota)
             if validate_only:
                 return self._pb.Cluster(spec=spec_to_proto(spec), desired_workers=spec.desired_workers,
                                         message="valid; nothing created (validate_only)")

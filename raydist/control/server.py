@@ -38,7 +38,7 @@ from raydist.control.protos import ts as _ts
 from raydist.control.status import code_for
 from raydist.control.store import Store
 from raydist.control.tenants import Caller, Tenants, current_caller
-from raydist.errors import RaydistError
+from raydist.errors import QuotaExceededError, RaydistError
 from raydist.paths import hold_home, home, private_file, read_private
 from raydist.spec import spec_from_proto
 
@@ -109,6 +109,10 @@ class ClusterService(rpc.ClusterServiceServicer):
         self.slow = ThreadPoolExecutor(16, thread_name_prefix="raydist-rpc-slow")
         self.quick = ThreadPoolExecutor(8, thread_name_prefix="raydist-rpc")
         self.watch = ThreadPoolExecutor(8, thread_name_prefix="raydist-watch")
+        # Each tenant's slow calls and Watch streams in flight (its quota
+        # bounds them); read and written on the event loop only.
+        self._in_flight: dict[str, int] = {}
+        self._watching: dict[str, int] = {}
 
     def close(self) -> None:
         for pool in (self.slow, self.quick, self.watch):
@@ -129,7 +133,10 @@ class ClusterService(rpc.ClusterServiceServicer):
         error's message)."""
         start = time.perf_counter()
         code = "OK"
+        held = None
         try:
+            if slow:
+                held = self._take_slow_place(current_caller())
             if slow or blocking:
                 return await self._off_loop(self.slow if slow else self.quick, fn)
             return fn()
@@ -141,8 +148,23 @@ class ClusterService(rpc.ClusterServiceServicer):
             log.exception("%s failed", name)
             await context.abort(grpc.StatusCode.INTERNAL, f"{name} failed inside the server; see its log")
         finally:
+            if held is not None:
+                self._in_flight[held] -= 1
             self.metrics.count(name, code)
             self.metrics.observe(name, time.perf_counter() - start)
+
+    def _take_slow_place(self, caller: Caller) -> str | None:
+        """One of ``caller``'s slow-call places (QuotaExceededError when all
+        are taken); the tenant's name to give it back under, None for an admin.
+        On the event loop only: no lock needed."""
+        if caller.quota is None:
+            return None
+        if self._in_flight.get(caller.name, 0) >= caller.quota.max_slow_calls:
+            raise QuotaExceededError(caller.name, "max_slow_calls", caller.quota.max_slow_calls,
+                                     f"{caller.quota.max_slow_calls} of its calls that wait on Spark or nodes "
+                                     "are running")
+        self._in_flight[caller.name] = self._in_flight.get(caller.name, 0) + 1
+        return caller.name
 
     @staticmethod
     def _said(exc: RaydistError, cluster: str) -> str:
@@ -176,7 +198,7 @@ class ClusterService(rpc.ClusterServiceServicer):
             spec.CopyFrom(request.spec)
             spec.name = caller.scoped(request.spec.name)
             return self._as_seen(caller, self.m.create(spec, request.request_id, validate_only=request.validate_only,
-                                                       who=caller.describe()))
+                                                       who=caller.describe(), quota=caller.quota))
 
         return await self._call("CreateCluster", context, create, slow=True, cluster=request.spec.name)
 
@@ -210,7 +232,8 @@ class ClusterService(rpc.ClusterServiceServicer):
             spec = pb.ClusterSpec()
             spec.CopyFrom(request.spec)
             spec.name = caller.scoped(request.spec.name, "spec.name")
-            return self._as_seen(caller, self.m.update(spec, list(request.update_mask.paths), who=caller.describe()))
+            return self._as_seen(caller, self.m.update(spec, list(request.update_mask.paths), who=caller.describe(),
+                                                       quota=caller.quota))
 
         return await self._call("UpdateCluster", context, update, slow=True, cluster=request.spec.name)
 
@@ -252,6 +275,10 @@ class ClusterService(rpc.ClusterServiceServicer):
     async def WatchCluster(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         caller = current_caller()
         try:
+            quota = caller.quota
+            if quota is not None and self._watching.get(caller.name, 0) >= quota.max_watches:
+                raise QuotaExceededError(caller.name, "max_watches", quota.max_watches,
+                                         f"{quota.max_watches} of its Watch streams are open")
             full = caller.scoped(request.name)
             current = self._as_seen(caller, self.m.get(full))
         except RaydistError as exc:
@@ -259,6 +286,15 @@ class ClusterService(rpc.ClusterServiceServicer):
             await context.abort(code_for(exc), self._said(exc, request.name))
             return
         self.metrics.count("WatchCluster", "OK")
+        self._watching[caller.name] = self._watching.get(caller.name, 0) + 1
+        try:
+            async for event in self._watch(request, caller, full, current):
+                yield event
+        finally:
+            self._watching[caller.name] -= 1
+
+    async def _watch(self, request: Any, caller: Caller, full: str, current: Any) -> Any:
+        """WatchCluster's events, once the stream is admitted."""
         if request.history:
             events = await self._off_loop(self.watch, lambda: self.m.events_after(full, 0))
             last = events[-1][0] if events else 0

@@ -12,6 +12,7 @@ __all__ = ["code_for", "CODES"]
 CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (errors.SpecError, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.CapacityError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.QuotaExceededError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.LinkPortsInUseError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.ClusterNotFoundError, grpc.StatusCode.NOT_FOUND),
     (errors.JobNotFoundError, grpc.StatusCode.NOT_FOUND),

@@ -8,6 +8,9 @@ A deployment names its tenants in ``raydist.toml``::
     [tenants.team-b]
     subject = "CN=team-b,O=Example"            # or: the subject of its mTLS client certificate
 
+    max_clusters = 4                           # its quota (see Quota for each key and its default)
+    max_workers = 32
+
     [tenants.ops]
     token_file = "/etc/raydist/tokens/ops"
     admin = true                               # sees and controls every cluster
@@ -27,28 +30,50 @@ an ``x``. Only a digest of each token is kept in memory.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import hashlib
 import hmac
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from raydist.errors import AuthenticationError, SpecError
 from raydist.spec import check_name
 
-__all__ = ["Caller", "Tenants", "TenantConfig", "ADMIN", "NOBODY", "current_caller", "calling_as", "owner_of"]
+__all__ = ["Caller", "Tenants", "TenantConfig", "ADMIN", "NOBODY", "Quota", "current_caller", "calling_as", "owner_of"]
+
+
+@dataclass(frozen=True)
+class Quota:
+    """What one tenant may hold at once (``[tenants.NAME]`` keys of the same
+    names): so that no tenant takes more than its share of one control plane."""
+
+    #: Live clusters (not DELETED or FAILED).
+    max_clusters: int = 16
+    #: Worker nodes over its live clusters (each counted at its largest size).
+    max_workers: int = 256
+    #: Calls that wait on Spark or nodes (create, update, delete, logs) in flight.
+    max_slow_calls: int = 4
+    #: WatchCluster streams open.
+    max_watches: int = 16
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
 
 
 @dataclass(frozen=True)
 class Caller:
     """An authenticated caller: a tenant's name ("" for the control plane's
-    own token) and whether it may act on every cluster."""
+    own token), whether it may act on every cluster, and its quota (None: an
+    admin's, without one)."""
 
     name: str
     admin: bool
+    quota: Quota | None = field(default=None, compare=False)
 
     def describe(self) -> str:
         """How events name the caller (a name, never a token)."""
@@ -112,6 +137,7 @@ class TenantConfig:
     token_file: str = ""
     subject: str = ""
     admin: bool = False
+    quota: Quota = field(default_factory=Quota)
 
     @classmethod
     def from_mapping(cls, name: str, table: Any) -> TenantConfig:
@@ -124,15 +150,20 @@ class TenantConfig:
             raise SpecError(where, name, "a tenant name of at most 30 characters")
         if not isinstance(table, Mapping):
             raise SpecError(where, table, "a table with token_file, subject and admin")
-        allowed = {"token_file": str, "subject": str, "admin": bool}
+        allowed: dict[str, type] = {"token_file": str, "subject": str, "admin": bool,
+                                    **{key: int for key in Quota.keys()}}
         for key, value in table.items():
             kind = allowed.get(key)
             if kind is None:
-                raise SpecError(f"{where}.{key}", value, "keys are token_file, subject and admin")
-            if not isinstance(value, kind):
+                raise SpecError(f"{where}.{key}", value, f"keys are {', '.join(allowed)}")
+            if kind is int:
+                if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 100_000:
+                    raise SpecError(f"{where}.{key}", value, "a whole number from 0 to 100000")
+            elif not isinstance(value, kind):
                 raise SpecError(f"{where}.{key}", value, "true or false" if kind is bool else "a string")
+        quota = Quota(**{key: table[key] for key in Quota.keys() if key in table})
         tenant = cls(name, str(table.get("token_file", "")), str(table.get("subject", "")),
-                     bool(table.get("admin", False)))
+                     bool(table.get("admin", False)), quota)
         if not tenant.token_file and not tenant.subject:
             raise SpecError(where, dict(table), "give token_file (a bearer token) or subject (an mTLS certificate's)")
         return tenant
@@ -167,7 +198,7 @@ class Tenants:
         self._by_digest: list[tuple[bytes, Caller]] = [(_digest(admin_token), ADMIN)]
         self._by_subject: dict[str, Caller] = {}
         for tenant in tenants:
-            caller = Caller(tenant.name, tenant.admin)
+            caller = Caller(tenant.name, tenant.admin, None if tenant.admin else tenant.quota)
             if tenant.token_file:
                 digest = _digest(_read_token(tenant))
                 for known, other in self._by_digest:
