@@ -96,7 +96,7 @@ def test_a_delete_while_the_engine_is_built_wins(manager: ClusterManager) -> Non
 def test_a_create_over_a_failed_cluster_takes_the_old_engine_down_first(manager: ClusterManager) -> None:
     _Engine.gate.set()
     manager.create(_spec(), "")
-    assert _until(lambda: bool(_Engine.made) and _Engine.made[0].started.is_set())
+    assert _until(lambda: _state(manager) == State.RUNNING.value)  # started, and its state written
     old = _Engine.made[0]
     row = manager._store.get("c")
     row.state = State.FAILED.value  # its head died: FAILED, its engine still holds what is left
@@ -109,7 +109,7 @@ def test_a_create_over_a_failed_cluster_takes_the_old_engine_down_first(manager:
 def test_a_restart_does_not_bring_back_a_cluster_being_deleted(tmp_path: Path, manager: ClusterManager) -> None:
     _Engine.gate.set()
     manager.create(_spec(), "")
-    assert _until(lambda: bool(_Engine.made) and _Engine.made[0].started.is_set())
+    assert _until(lambda: _state(manager) == State.RUNNING.value)  # started, and its state written
     row = manager._store.get("c")
     row.state, row.restart = State.DELETING.value, True  # the last server died mid-delete
     manager._store.put(row)
@@ -121,7 +121,7 @@ def test_a_restart_does_not_bring_back_a_cluster_being_deleted(tmp_path: Path, m
 def test_shutdown_waits_for_a_delete_in_flight(manager: ClusterManager, monkeypatch) -> None:
     _Engine.gate.set()
     manager.create(_spec(), "")
-    assert _until(lambda: bool(_Engine.made) and _Engine.made[0].started.is_set())
+    assert _until(lambda: _state(manager) == State.RUNNING.value)  # started, and its state written
     tearing = threading.Event()
     release = threading.Event()
 
@@ -167,3 +167,21 @@ def test_a_tenants_quota_bounds_its_live_clusters_and_their_workers(manager: Clu
     with pytest.raises(QuotaExceededError, match="max_workers"):
         manager.update(spec_to_proto(ClusterSpec(name="c.team", min_workers=1, max_workers=3)), ["max_workers"],
                        quota=quota)  # b.team's 3 + 3 > 5
+
+
+def test_deleted_clusters_are_forgotten_after_their_retention(manager: ClusterManager) -> None:
+    import sqlite3
+
+    _Engine.gate.set()
+    for name in ("old", "recent", "live"):
+        manager.create(_spec(name), "")
+    assert _until(lambda: len([e for e in _Engine.made if e.started.is_set()]) == 3)
+    manager.delete("old", allow_missing=False)
+    manager.delete("recent", allow_missing=False)
+    with sqlite3.connect(manager._store.path) as db:  # "old" was deleted two days ago
+        db.execute("UPDATE clusters SET updated = updated - 2 * 86400 WHERE name = 'old'")
+    assert manager.prune_deleted(86400) == ["old"]
+    assert manager._store.get("old") is None and manager._store.events("old") == []
+    assert [c.spec.name for c in manager.list(0, "")[0]] == ["live", "recent"]
+    manager.create(_spec("old"), "")  # the name is free again
+    assert _until(lambda: _state(manager, "old") == State.RUNNING.value)

@@ -99,7 +99,9 @@ class ServerConfig:
             seeing only its own clusters (:mod:`raydist.control.tenants`).
         events_keep / events_max_age_s: each cluster's events kept (the
             newest 1,000, none older than 7 days, by default): every
-            credentials call and node change adds one.
+            credentials call and node change adds one. A DELETED cluster is
+            forgotten (its row and events) ``events_max_age_s`` after its
+            deletion.
     """
 
     host: str = "127.0.0.1"

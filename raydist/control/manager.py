@@ -432,6 +432,19 @@ class ClusterManager:
                 done.set()
         return self.get(name)
 
+    def prune_deleted(self, max_age_s: float) -> list[str]:
+        """Forget clusters DELETED more than ``max_age_s`` ago (row, events,
+        cached proto): a List or a name's reuse never walks years of them."""
+        gone = []
+        with self._lock:
+            for name in self._store.deleted_before(time.time() - max_age_s):
+                if name in self._engines or name in self._starting:
+                    continue  # created again meanwhile
+                self._store.forget(name)
+                self._protos.forget(name)
+                gone.append(name)
+        return gone
+
     def events_after(self, name: str, after_id: int) -> list[tuple[int, float, str, str]]:
         return self._store.events(name, after_id)
 

@@ -80,6 +80,12 @@ class ClusterProtos:
         )
         self._on_change(row.name)
 
+    def forget(self, name: str) -> None:
+        """``name`` is gone from the store (a DELETED row past its retention)."""
+        self.by_name.pop(name, None)
+        for each in (self._idle, self._nodes, self._node_protos):
+            each.pop(name, None)
+
     def unreadable(self, name: str, message: str, state: str = "FAILED") -> None:
         """An entry for a row that cannot be read as a cluster (its name, state and message)."""
         pb = self._pb

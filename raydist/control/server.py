@@ -327,6 +327,8 @@ class ClusterService(rpc.ClusterServiceServicer):
                     return
 
 
+#: How often DELETED clusters past their retention are forgotten.
+PRUNE_EVERY_S = 60.0
 #: How often the server asks whether its SparkContext still runs.
 SPARK_CHECK_S = 2.0
 
@@ -468,8 +470,15 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
 
     async def gauges() -> None:
         idle_since = time.monotonic()
+        pruned_at = 0.0
         while not stop.is_set():
             metrics.refresh_gauges()
+            if time.monotonic() - pruned_at >= PRUNE_EVERY_S:
+                pruned_at = time.monotonic()
+                try:  # DELETED clusters are kept as long as their events (events_max_age_s)
+                    await asyncio.to_thread(manager.prune_deleted, config.events_max_age_s)
+                except Exception:  # noqa: BLE001 - pruned on the next round
+                    log.exception("pruning deleted clusters")
             if config.idle_stop_s > 0:
                 live = sum(n for state, n in manager.states().items() if state not in ("DELETED", "FAILED"))
                 if live:

@@ -183,6 +183,19 @@ class Store:
         with self._db() as db:
             db.execute("DELETE FROM clusters WHERE name = ?", (name,))
 
+    def deleted_before(self, when: float) -> list[str]:
+        """Clusters DELETED and unchanged since before ``when`` (epoch seconds)."""
+        with self._db() as db:
+            rows = db.execute("SELECT name FROM clusters WHERE state = 'DELETED' AND updated < ? ORDER BY name",
+                              (when,)).fetchall()
+        return [r["name"] for r in rows]
+
+    def forget(self, name: str) -> None:
+        """Drop ``name``'s row and its events."""
+        with self._db() as db:
+            db.execute("DELETE FROM events WHERE name = ?", (name,))
+            db.execute("DELETE FROM clusters WHERE name = ?", (name,))
+
     def scan(self) -> Iterator[tuple[str, ClusterRow | None, str]]:
         """Every cluster row as (name, row, "") or, for a row that cannot be
         read (its spec is not JSON, a column holds nonsense), (name, None, why)."""
