@@ -351,6 +351,7 @@ def main() -> int:
         token.write_text(f"{name}-{os.urandom(16).hex()}\n")
         token.chmod(0o600)
         config += [f"[tenants.{name}]", f'token_file = "{token}"']
+    config += ["[ray]", 'head = "executor"']  # tenants: every head in a Spark task of its own
     (home / "raydist.toml").write_text("\n".join(config) + "\n")
     server = Server(home, free_port(), args.master)
     server.start()

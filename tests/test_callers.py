@@ -59,3 +59,30 @@ def test_a_tenants_quota_is_read_from_its_table_with_defaults(tmp_path) -> None:
         with pytest.raises(SpecError) as caught:
             ServerConfig.from_toml(f'[tenants.team]\ntoken_file = "{token}"\n{bad}\n')
         assert caught.value.field == f"tenants.team.{bad.split(' = ')[0]}", bad
+
+
+def test_tenants_beside_heads_on_the_driver_are_refused_with_the_fix(tmp_path) -> None:
+    from raydist.control.config import ServerConfig
+    from raydist.errors import SpecError
+
+    token = tmp_path / "t"
+    token.write_text("a-token-of-the-team-" + "x" * 8)
+    token.chmod(0o600)
+    tenant = f'[tenants.team]\ntoken_file = "{token}"\n'
+    with pytest.raises(SpecError) as caught:
+        ServerConfig.from_toml(tenant + "[spark]\nmaster = 'local-cluster[2,1,1024]'\n").check_isolation()
+    assert caught.value.field == "ray.head" and 'head = "executor"' in str(caught.value)
+    ServerConfig.from_toml(tenant + "[ray]\nhead = 'executor'\n").check_isolation()  # heads in tasks: served
+    ServerConfig.from_toml(tenant + "[spark]\nmaster = 'spark://m:7077'\n").check_isolation()
+    ServerConfig.from_toml("[spark]\nmaster = 'local[2]'\n").check_isolation()  # no tenants: the admin's alone
+
+
+def test_a_head_on_the_driver_gets_an_environment_of_its_own() -> None:
+    from raydist.engine.launch import head_env
+
+    server = {"PATH": "/usr/bin", "HOME": "/home/svc", "LC_ALL": "C.UTF-8", "CUDA_HOME": "/usr/local/cuda",
+              "RAY_DEDUP_LOGS": "0", "RAYDIST_TOKEN": "admin-secret", "RAYDIST_HOME": "/home/svc/.raydist",
+              "RAY_AUTH_TOKEN": "ray-secret", "RAY_ADDRESS": "10.0.0.1:6379",
+              "AWS_SECRET_ACCESS_KEY": "cloud-secret", "SPARK_HOME": "/opt/spark"}
+    assert head_env(server) == {"PATH": "/usr/bin", "HOME": "/home/svc", "LC_ALL": "C.UTF-8",
+                                "CUDA_HOME": "/usr/local/cuda", "RAY_DEDUP_LOGS": "0"}

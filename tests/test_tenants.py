@@ -44,6 +44,7 @@ def tenants(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, 
     for name, token in tokens.items():
         lines += [f"[tenants.{name}]", f'token_file = "{_token_file(home / f"{name}.token", token)}"']
     lines += ["max_slow_calls = 0", "max_watches = 0"]  # carol's quota: nothing that waits, no streams
+    lines += ["[ray]", 'head = "executor"']  # tenants run no code beside the control plane
     config = home / "raydist.toml"
     config.write_text("\n".join(lines) + "\n")
     before = {p.pid for p in ray_processes()}
@@ -195,7 +196,7 @@ def test_an_mtls_certificate_names_its_tenant(tmp_path: Path) -> None:
     other_cert, other_key = _certificate(tmp_path, "someone-else", ca)
     config = tmp_path / "raydist.toml"
     config.write_text(f'[server]\ntls_cert = "{server_cert}"\ntls_key = "{server_key}"\ntls_client_ca = "{ca[0]}"\n'
-                      '[tenants.team-b]\nsubject = "CN=team-b"\n')
+                      '[tenants.team-b]\nsubject = "CN=team-b"\n[ray]\nhead = "executor"\n')
     srv = Server(tmp_path, free_port(), ["--config", str(config)]).start()
     try:
         def client(cert: Path, key: Path, token: str | None) -> Client:

@@ -268,6 +268,17 @@ class ServerConfig:
         master = self.spark_master or os.environ.get("RAYDIST_SPARK_MASTER") or ""
         return bool(master) and not master.startswith("local")
 
+    def check_isolation(self) -> None:
+        """Refuse a configuration whose tenants would run code beside the
+        control plane: with heads on the driver, a tenant's Ray jobs run on
+        the head node, in the control plane's process tree, where its token,
+        its store and every cluster's Ray token are. SpecError naming the fix."""
+        if any(not t.admin for t in self.tenants) and not self.heads_in_tasks():
+            raise SpecError("ray.head", self.head,
+                            "tenants need each cluster's head in a Spark task of its own: set head = \"executor\" "
+                            "in [ray] (or --head executor), or run the control plane on a cluster manager "
+                            "(spark://, k8s://, YARN), where that is the default")
+
     def merged(self, **overrides: Any) -> ServerConfig:
         """A copy with the given fields replaced; ``None`` leaves a field as is,
         and ``spark_conf`` entries are added to the file's."""

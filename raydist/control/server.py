@@ -391,6 +391,7 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
 
         loop.call_soon_threadsafe(lambda: asyncio.ensure_future(bump()))
 
+    config.check_isolation()  # before anything starts
     state_dir = home()
     home_lock = hold_home(state_dir)  # one control plane per home, held until this process ends
     store = Store.open(state_dir / "state.db", events_keep=config.events_keep,

@@ -217,10 +217,30 @@ def node_argv(plan: NodePlan, *, cpus: int, gpus: int, memory: int, object_store
     return argv
 
 
+#: What a head started on the driver keeps of the driver's environment: what
+#: Python, Ray and the CUDA stack need to run, nothing of the control plane's
+#: own (its token, its home, cloud credentials, whatever else it was given).
+_HEAD_ENV_KEEP = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+                            "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH",
+                            "JAVA_HOME", "RAY_USAGE_STATS_ENABLED"})
+_HEAD_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_")
+
+
+def head_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment a head's supervisor gets on the driver: built for it
+    from ``environ`` (the driver's), not a copy of it. Ray's own settings
+    (``RAY_*``) pass, but for its address and auth, which the node's plan sets."""
+    return {k: v for k, v in environ.items()
+            if k in _HEAD_ENV_KEEP or k.startswith(_HEAD_ENV_PREFIXES)
+            or (k.startswith("RAY_") and not k.startswith(("RAY_AUTH_", "RAY_ADDRESS")))}
+
+
 def spawn_supervisor(plan: NodePlan, *, argv: list[str], node_ip: str, env: Mapping[str, str],
-                     watch: Iterable[psutil.Process], info: Mapping[str, Any]) -> subprocess.Popen[bytes]:
+                     watch: Iterable[psutil.Process], info: Mapping[str, Any],
+                     base_env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start the supervisor for one node in its own session and hand it its
-    configuration on stdin (never on a command line, where secrets would show)."""
+    configuration on stdin (never on a command line, where secrets would show).
+    ``base_env``: the supervisor's own environment (None: this process's)."""
     cfg = {
         "key": plan.key,
         "channel": list(plan.channel),
@@ -248,6 +268,7 @@ def spawn_supervisor(plan: NodePlan, *, argv: list[str], node_ip: str, env: Mapp
         stderr=subprocess.DEVNULL,
         start_new_session=True,
         close_fds=True,
+        env=dict(base_env) if base_env is not None else None,
     )
     assert proc.stdin is not None
     proc.stdin.write(json.dumps(cfg).encode())
@@ -288,7 +309,7 @@ def start_head(plan: NodePlan, driver: psutil.Process) -> subprocess.Popen[bytes
     info = {"cpus": plan.cpus or 0, "gpus": int(plan.gpus), "memory": size.memory,
             "object_store": size.object_store, "gpu_ids": []}
     return spawn_supervisor(plan, argv=argv, node_ip=node_ip, env=_node_env(plan, None),
-                            watch=[driver], info=info)
+                            watch=[driver], info=info, base_env=head_env(os.environ))
 
 
 def run_worker_node(plan: NodePlan) -> str:
