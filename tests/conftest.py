@@ -124,3 +124,30 @@ def no_leftover_ray() -> Iterator[None]:
     yield
     left = wait_no_ray_processes(ignore=before)
     assert not left, f"Ray processes left behind: {_describe(left)}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_ray_left_when_the_suite_ends() -> Iterator[None]:
+    """The whole suite leaves no Ray process it started (each test checks its
+    own with ``no_leftover_ray``; this catches what a shared part left)."""
+    before = {p.pid for p in ray_processes()}
+    yield
+    left = wait_no_ray_processes(ignore=before)
+    assert not left, f"Ray processes left when the suite ended: {_describe(left)}"
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One real ``raydist serve`` (a subprocess on a free port, its own Spark)
+    for the tests that only call it: the CLI, jobs, the RPC fuzz. A test that
+    restarts, kills or starves a server starts its own. Each user leaves it
+    as it found it (its clusters deleted)."""
+    from raydist.engine.ports import free_port
+    from tests.control_server import Server
+
+    before = {p.pid for p in ray_processes()}
+    srv = Server(tmp_path_factory.mktemp("control-plane"), free_port()).start()
+    yield srv
+    assert srv.stop() == 0, "SIGTERM must stop the control plane cleanly"
+    left = wait_no_ray_processes(ignore=before)
+    assert not left, f"the shared control plane left Ray processes: {_describe(left)}"

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -28,13 +27,10 @@ from tests.probe import run_client_py, run_py
 
 pytestmark = pytest.mark.integration
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    before = {p.pid for p in ray_processes()}
-    srv = Server(tmp_path_factory.mktemp("home"), free_port()).start()
-    yield srv
-    assert srv.stop() == 0, "SIGTERM must stop the control plane cleanly"
-    assert not wait_no_ray_processes(ignore=before)
+@pytest.fixture
+def server(control_plane: Server) -> Server:
+    """The suite's shared control plane (conftest.py); each test here deletes what it made."""
+    return control_plane
 
 
 def test_cli_up_status_client_down(server: Server) -> None:

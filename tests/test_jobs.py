@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from raydist.engine.ports import free_port
 from raydist.engine.procs import ray_processes, wait_no_ray_processes
 from tests.control_server import Server
 
@@ -31,16 +30,16 @@ JOB = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(control_plane: Server) -> Iterator[Server]:
+    """The suite's shared control plane with a cluster "jobs" on it, for this module."""
     before = {p.pid for p in ray_processes()}
-    srv = Server(tmp_path_factory.mktemp("jobs-home"), free_port()).start()
     try:
-        up = srv.cli("up", "jobs", "-w", "1", "--cpus-per-worker", "1")  # no flag: a served cluster takes jobs
+        up = control_plane.cli("up", "jobs", "-w", "1", "--cpus-per-worker", "1")  # a served cluster takes jobs
         assert up.returncode == 0, up.stdout + up.stderr
-        yield srv
+        yield control_plane
     finally:
-        srv.cli("down", "jobs")
-        assert srv.stop() == 0
+        down = control_plane.cli("down", "jobs")
+        assert down.returncode == 0, down.stdout + down.stderr
         assert not wait_no_ray_processes(ignore=before)
 
 

@@ -23,7 +23,6 @@ from google.protobuf.descriptor import FieldDescriptor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raydist.engine.ports import free_port
 from raydist.engine.procs import ray_processes, wait_no_ray_processes
 from tests.control_server import Server
 from tests.spec_oracle import expect_invalid, name_ok, request_id_ok, spec_errors
@@ -78,15 +77,18 @@ def _message_class(parent: Any, field: FieldDescriptor) -> Any:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(control_plane: Server) -> Iterator[Server]:
+    """The suite's shared control plane; the fuzz leaves it as it found it."""
     before = {p.pid for p in ray_processes()}
-    srv = Server(tmp_path_factory.mktemp("fuzz-home"), free_port()).start()
-    try:
-        srv.wait_serving()  # raw stubs below do not retry a Spark still starting
-        yield srv
-    finally:
-        assert srv.stop() == 0
-        assert not wait_no_ray_processes(ignore=before)
+    control_plane.wait_serving()  # raw stubs below do not retry a Spark still starting
+    yield control_plane
+    assert not wait_no_ray_processes(ignore=before)
+
+
+@pytest.fixture(scope="module")
+def known(server: Server) -> list[Any]:
+    """The clusters the server knew before the fuzz (other tests' deleted ones)."""
+    return list(server.client().list())
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +112,7 @@ def _call(server: Server, method: Any, request: Any, stream: bool = False) -> tu
         return exc.code(), exc.details() or "", None
 
 
-def test_create(server: Server, stub: Any) -> None:
+def test_create(server: Server, stub: Any, known: list[Any]) -> None:
     from raydist._proto import pb
 
     answers: dict[str, int] = {}
@@ -132,7 +134,7 @@ def test_create(server: Server, stub: Any) -> None:
     check()
     assert answers.get("INVALID_ARGUMENT", 0) > 0 and answers.get("OK", 0) > 0, answers
     assert sum(answers.values()) >= EXAMPLES, answers
-    assert not server.client().list()  # validate_only created nothing
+    assert server.client().list() == known  # validate_only created nothing
 
 
 @pytest.mark.parametrize("rpc_name", ["GetCluster", "DeleteCluster", "WatchCluster", "GetClusterCredentials"])
@@ -211,7 +213,7 @@ def test_node_logs(server: Server, stub: Any) -> None:
     assert count >= EXAMPLES
 
 
-def test_list_and_server_info(server: Server, stub: Any) -> None:
+def test_list_and_server_info(server: Server, stub: Any, known: list[Any]) -> None:
     from raydist._proto import pb
 
     count = 0
@@ -227,7 +229,8 @@ def test_list_and_server_info(server: Server, stub: Any) -> None:
         elif listing.page_token and not name_ok(listing.page_token):
             assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("page_token"), (code, details)
         else:
-            assert code == grpc.StatusCode.OK and list(reply.clusters) == [], (code, details)
+            after = [c for c in known if c.spec.name > listing.page_token][:listing.page_size or 100]
+            assert code == grpc.StatusCode.OK and list(reply.clusters) == after, (code, details)
         code, details, reply = _call(server, stub.GetServerInfo, info)
         assert code == grpc.StatusCode.OK and reply.version, (code, details)
 
