@@ -23,6 +23,18 @@ ORIGINALS = Path(__file__).parent / "originals.json"
 CONNECT_URL = "<connect-url>"
 
 
+def until(condition: Any, timeout: float = 10.0) -> bool:
+    """Whether ``condition()`` came true within ``timeout`` seconds (polled)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def recorded_original(program: str, *args: str) -> dict:
     """The recorded ``--original`` result of ``program args``."""
     data = json.loads(ORIGINALS.read_text())

@@ -16,6 +16,7 @@ from raydist.control import manager as manager_module
 from raydist.control.manager import ClusterManager
 from raydist.control.store import Store
 from raydist.spec import ClusterSpec, ClusterStatus, State, spec_to_proto
+from tests.probe import until
 
 pytestmark = pytest.mark.unit
 
@@ -69,22 +70,13 @@ def _spec(name: str = "c") -> object:
     return spec_to_proto(ClusterSpec(name=name, workers=1))
 
 
-def _until(condition, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def _state(manager: ClusterManager, name: str = "c") -> str:
     return manager._store.get(name).state  # what a restarted server reads back
 
 
 def test_a_delete_while_the_engine_is_built_wins(manager: ClusterManager) -> None:
     manager.create(_spec(), "")
-    assert _until(lambda: len(_Engine.made) == 1)  # its constructor waits on Spark now
+    assert until(lambda: len(_Engine.made) == 1)  # its constructor waits on Spark now
     manager.delete("c", allow_missing=False)
     assert _state(manager) == State.DELETED.value
     _Engine.gate.set()  # Spark answers: the engine is built after the delete
@@ -96,20 +88,20 @@ def test_a_delete_while_the_engine_is_built_wins(manager: ClusterManager) -> Non
 def test_a_create_over_a_failed_cluster_takes_the_old_engine_down_first(manager: ClusterManager) -> None:
     _Engine.gate.set()
     manager.create(_spec(), "")
-    assert _until(lambda: _state(manager) == State.RUNNING.value)  # started, and its state written
+    assert until(lambda: _state(manager) == State.RUNNING.value)  # started, and its state written
     old = _Engine.made[0]
     row = manager._store.get("c")
     row.state = State.FAILED.value  # its head died: FAILED, its engine still holds what is left
     manager._store.put(row)
     manager.create(_spec(), "")
-    assert _until(lambda: len(_Engine.made) == 2 and _Engine.made[1].started.is_set())
+    assert until(lambda: len(_Engine.made) == 2 and _Engine.made[1].started.is_set())
     assert old.downs == 1 and manager._engines["c"] is _Engine.made[1]
 
 
 def test_a_restart_does_not_bring_back_a_cluster_being_deleted(tmp_path: Path, manager: ClusterManager) -> None:
     _Engine.gate.set()
     manager.create(_spec(), "")
-    assert _until(lambda: _state(manager) == State.RUNNING.value)  # started, and its state written
+    assert until(lambda: _state(manager) == State.RUNNING.value)  # started, and its state written
     row = manager._store.get("c")
     row.state, row.restart = State.DELETING.value, True  # the last server died mid-delete
     manager._store.put(row)
@@ -121,7 +113,7 @@ def test_a_restart_does_not_bring_back_a_cluster_being_deleted(tmp_path: Path, m
 def test_shutdown_waits_for_a_delete_in_flight(manager: ClusterManager, monkeypatch) -> None:
     _Engine.gate.set()
     manager.create(_spec(), "")
-    assert _until(lambda: _state(manager) == State.RUNNING.value)  # started, and its state written
+    assert until(lambda: _state(manager) == State.RUNNING.value)  # started, and its state written
     tearing = threading.Event()
     release = threading.Event()
 
@@ -159,11 +151,11 @@ def test_a_tenants_quota_bounds_its_live_clusters_and_their_workers(manager: Clu
     with pytest.raises(QuotaExceededError, match="max_clusters = 2"):
         create("c.team", 1)
     create("c.other", 5)  # another tenant's quota is its own
-    assert _until(lambda: len([e for e in _Engine.made if e.started.is_set()]) == 3)
+    assert until(lambda: len([e for e in _Engine.made if e.started.is_set()]) == 3)
     manager.delete("a.team", allow_missing=False)
     create("c.team", 2)  # a deleted cluster frees its place
     # Growing a cluster counts too.
-    assert _until(lambda: manager._engines.get("c.team") is not None)
+    assert until(lambda: manager._engines.get("c.team") is not None)
     with pytest.raises(QuotaExceededError, match="max_workers"):
         manager.update(spec_to_proto(ClusterSpec(name="c.team", min_workers=1, max_workers=3)), ["max_workers"],
                        quota=quota)  # b.team's 3 + 3 > 5
@@ -175,7 +167,7 @@ def test_deleted_clusters_are_forgotten_after_their_retention(manager: ClusterMa
     _Engine.gate.set()
     for name in ("old", "recent", "live"):
         manager.create(_spec(name), "")
-    assert _until(lambda: len([e for e in _Engine.made if e.started.is_set()]) == 3)
+    assert until(lambda: len([e for e in _Engine.made if e.started.is_set()]) == 3)
     manager.delete("old", allow_missing=False)
     manager.delete("recent", allow_missing=False)
     with sqlite3.connect(manager._store.path) as db:  # "old" was deleted two days ago
@@ -184,4 +176,4 @@ def test_deleted_clusters_are_forgotten_after_their_retention(manager: ClusterMa
     assert manager._store.get("old") is None and manager._store.events("old") == []
     assert [c.spec.name for c in manager.list(0, "")[0]] == ["live", "recent"]
     manager.create(_spec("old"), "")  # the name is free again
-    assert _until(lambda: _state(manager, "old") == State.RUNNING.value)
+    assert until(lambda: _state(manager, "old") == State.RUNNING.value)

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from raydist.control.sparkhost import SparkHost
+from tests.probe import until
 
 pytestmark = pytest.mark.unit
 
@@ -47,15 +48,6 @@ def test_server_info_is_read_once_per_session_and_never_waits_on_spark(monkeypat
     assert side.reads == 2  # once each, as the session started
     host.lose("its SparkContext died")
     assert host.info() == ("", "")  # a lost session names nothing
-
-
-def _until(condition, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 class _Manager:
@@ -104,11 +96,11 @@ def test_the_spark_watch_outlives_a_failed_heal_and_the_server_gets_a_spark_agai
                              daemon=True)
     watch.start()
     for _ in range(2):  # two deaths: the first heal fails in the middle, the second does not
-        assert _until(lambda: host.started), "no Spark after a death"
+        assert until(lambda: host.started), "no Spark after a death"
         count = len(made)
         sides[id(made[-1])].alive_now = False
-        assert _until(lambda: len(made) > count), "the watch did not notice the death"  # noqa: B023
-    assert _until(lambda: host.started)
+        assert until(lambda: len(made) > count), "the watch did not notice the death"  # noqa: B023
+    assert until(lambda: host.started)
     stop.set()
     watch.join(10)
     assert manager.died == 2 and len(made) == 3 and host.started  # a Spark after each death
