@@ -20,6 +20,7 @@ import pytest
 from raydist.engine.channel import _MAX_PENDING, NodeChannel, NodeLink
 from raydist.engine.handshake import MAX_PENDING_PER_SOURCE
 from raydist.engine.linkauth import NodeKeys, say_hello
+from raydist.engine.wire import LineReader
 
 pytestmark = pytest.mark.component
 
@@ -287,13 +288,13 @@ def test_a_handshake_the_node_gave_up_on_after_the_driver_took_it_costs_no_node(
         assert rec.wait("hello")
         first.close()
         time.sleep(0.5)  # the driver reads the close before the next hello
-        say_hello(second, "w0", keys.issue("w0"), incarnation="same")
+        _, rest, frames = say_hello(second, "w0", keys.issue("w0"), incarnation="same")
         time.sleep(1.0)
         assert rec.events == [("hello", "w0"), ("resumed", "w0")], rec.events
         assert not ch.links()["w0"].closed.is_set()
         ch.links()["w0"].stop()  # what the driver says reaches the connection the node uses
-        second.settimeout(5)
-        assert json.loads(second.recv(4096)) == {"cmd": "stop"}
+        reader = LineReader(second, idle_s=5, initial=rest, frames=frames)
+        assert reader.read() == {"cmd": "stop"}
         second.close()  # a close that is not followed by a hello is the node's end, after a moment
         assert rec.wait("closed", timeout=15)
     finally:
@@ -534,19 +535,20 @@ def test_one_thread_serves_every_link() -> None:
     ch = NodeChannel("127.0.0.1", keys, rec)
     before = threading.active_count()
     socks = []
+    framed = []
     try:
         for i in range(50):
             s = socket.create_connection((ch.host, ch.port))
-            say_hello(s, f"w{i}", keys.issue(f"w{i}"), incarnation=str(i))
+            framed.append(say_hello(s, f"w{i}", keys.issue(f"w{i}"), incarnation=str(i)))
             socks.append(s)
         deadline = time.monotonic() + 10
         while len(ch.links()) < 50 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(ch.links()) == 50
         assert threading.active_count() == before  # no thread per link
-        socks[7].sendall(b'{"type": "ping"}\n')
-        socks[7].settimeout(5)
-        assert b"pong" in socks[7].recv(4096)
+        _, rest, frames = framed[7]
+        socks[7].sendall(frames.seal(b'{"type": "ping"}\n'))
+        assert LineReader(socks[7], idle_s=5, initial=rest, frames=frames).read() == {"type": "pong"}
     finally:
         for s in socks:
             s.close()

@@ -44,7 +44,7 @@ from typing import Any
 from raydist.engine.handshake import MAX_PENDING as _MAX_PENDING
 from raydist.engine.handshake import Handshakes, listen
 from raydist.engine.limits import raise_open_files
-from raydist.engine.linkauth import NodeKeys
+from raydist.engine.linkauth import BadFrame, Frames, NodeKeys
 from raydist.engine.nodelink import LOG_TAIL_LINES, NodeLink
 from raydist.engine.wire import HANDSHAKE_S, IDLE_S, MAX_LINE, RECONNECT_GRACE_S, enable_keepalive
 
@@ -71,6 +71,7 @@ class _Conn:
     link: NodeLink
     sock: socket.socket
     heard: float
+    frames: Frames  # this connection's sealed frames, both ways
     buf: bytearray = field(default_factory=bytearray)
     out: bytearray = field(default_factory=bytearray)
     writing: bool = False
@@ -176,6 +177,7 @@ class NodeChannel:
             conn = self._conns.get(link._sock) if link._sock is not None else None
             if conn is None or conn.sock in self._stuck:
                 return False
+            data = conn.frames.seal(data)  # in the order the bytes go out: under the lock
             if not conn.out:
                 try:
                     data = data[conn.sock.send(data):]
@@ -272,12 +274,12 @@ class NodeChannel:
 
     # links --------------------------------------------------------------------
 
-    def _admit(self, sock: socket.socket, hello: dict[str, Any], rest: bytes) -> None:
+    def _admit(self, sock: socket.socket, hello: dict[str, Any], rest: bytes, frames: Frames) -> None:
         """A proven connection becomes its node's link (a new one, or the one
         it resumes). Whatever its hello or first lines hold, a fault here
         ends this connection only, never the channel."""
         try:
-            self._admit_link(sock, hello, rest)
+            self._admit_link(sock, hello, rest, frames)
         except Exception as exc:  # noqa: BLE001 - one peer's bytes must not end every node's link
             log.warning("node %s: closing its connection: its hello or first frame could not be used (%s: %s)",
                         str(hello.get("key", "?"))[:64], type(exc).__name__, str(exc)[:200])
@@ -287,7 +289,7 @@ class NodeChannel:
             else:
                 sock.close()
 
-    def _admit_link(self, sock: socket.socket, hello: dict[str, Any], rest: bytes) -> None:
+    def _admit_link(self, sock: socket.socket, hello: dict[str, Any], rest: bytes, frames: Frames) -> None:
         try:
             enable_keepalive(sock)
         except OSError:
@@ -319,7 +321,7 @@ class NodeChannel:
                     self._links[key] = link
                     if old is not None and old._sock is not None:
                         replaced = old  # a resubmitted node replaces a stale connection of the same slot
-            conn = _Conn(link, sock, time.monotonic(), bytearray(rest))
+            conn = _Conn(link, sock, time.monotonic(), frames, bytearray(rest))
             self._conns[sock] = conn
         self._sel.register(sock, selectors.EVENT_READ, conn)
         if stale is not None and stale is not sock and (gone := self._conns.get(stale)) is not None:
@@ -386,6 +388,13 @@ class NodeChannel:
                 return
             line = bytes(conn.buf[:end])
             del conn.buf[: end + 1]
+            try:
+                line = conn.frames.open(line)
+            except BadFrame:
+                log.warning("node %s: a frame whose MAC does not hold (injected, changed or replayed on the "
+                            "way): closing its connection", conn.link.key)
+                self._broken(conn, "it sent a frame whose MAC does not hold")
+                return
             try:
                 msg = json.loads(line)
             except (ValueError, RecursionError):  # RecursionError: JSON nested past Python's stack

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from raydist.engine.linkauth import NodeKeys, driver_proof, fresh_nonce, node_proof, proven
+from raydist.engine.linkauth import Frames, NodeKeys, driver_proof, fresh_nonce, node_proof, proven
 from raydist.engine.wire import encode
 
 __all__ = ["HELLO_MAX", "MAX_PENDING", "MAX_PENDING_PER_SOURCE", "Handshakes", "listen"]
@@ -67,8 +67,9 @@ def listen(host: str, ports: tuple[int, int] | None) -> socket.socket:
 
     raise LinkPortsInUseError(low, high)
 
-#: Called with a proven connection, its hello and what it sent past its proof.
-Proven = Callable[[socket.socket, dict[str, Any], bytes], None]
+#: Called with a proven connection, its hello, what it sent past its proof,
+#: and the connection's sealed frames from now on.
+Proven = Callable[[socket.socket, dict[str, Any], bytes, Frames], None]
 
 
 @dataclass
@@ -189,7 +190,9 @@ class Handshakes:
                 self._forget(sock, close=False)
                 if state.proven:
                     assert state.hello is not None
-                    self._on_proven(sock, state.hello, bytes(state.buf))
+                    frames = Frames.after_handshake(state.node_secret, str(state.hello["nonce"]), state.nonce,
+                                                    driver=True)
+                    self._on_proven(sock, state.hello, bytes(state.buf), frames)
                 return
 
     def close_all(self) -> None:

@@ -20,6 +20,15 @@ another:
 * node to driver, ``proof``: the node's MAC over the same, under another
   label; the driver then says ``welcome``, or ``refused``.
 
+Every line after the proof, both ways, welcome included, is a sealed frame
+(:class:`Frames`): the JSON, a tab, and a MAC over the line and its place in
+the connection's stream, under a key of the connection's own (derived from
+the node's key and both nonces, one per direction). So a host on the path
+can neither inject a line (``{"cmd":"head","address":"evil:6379"}``, ``stop``),
+change one, drop one unnoticed, nor replay one on this or another
+connection. Nothing secret crosses the link (the Ray token rides in the
+node's plan, in its Spark task), so the frames are signed, not encrypted.
+
 The head's relay (:mod:`raydist.engine.relay`) admits the driver's dial-outs
 with a key derived from the head's key, by a challenge of its own.
 """
@@ -36,8 +45,8 @@ from typing import Any
 
 from raydist.engine.wire import HANDSHAKE_S, LineReader, LinkBroken, LinkClosed, LinkRefused, encode
 
-__all__ = ["NodeKeys", "driver_proof", "fresh_nonce", "node_proof", "proven", "relay_key", "relay_proof",
-           "say_hello"]
+__all__ = ["BadFrame", "Frames", "NodeKeys", "driver_proof", "fresh_nonce", "node_proof", "proven", "relay_key",
+           "relay_proof", "say_hello"]
 
 _NONCE_BYTES = 16
 #: The hello fields a proof covers (what the driver acts on).
@@ -80,6 +89,59 @@ def relay_proof(relay_secret: str, purpose: str, nonce: str) -> str:
     return _mac(relay_secret, purpose, nonce)
 
 
+#: Hex digits of a frame's MAC (128 bits of HMAC-SHA256).
+_FRAME_MAC_HEX = 32
+
+
+class BadFrame(ValueError):
+    """A line whose MAC does not hold: injected, changed, replayed or out of order."""
+
+
+class Frames:
+    """Sealing and opening the frames of one connection, after its handshake.
+
+    ``seal`` is called by one writer at a time (each end holds its link's
+    send lock) and ``open`` by the connection's one reader: each direction
+    counts its frames, and a frame's MAC covers its count.
+    """
+
+    def __init__(self, send_key: bytes, receive_key: bytes) -> None:
+        self._send_key, self._receive_key = send_key, receive_key
+        self._sent = 0
+        self._received = 0
+
+    @classmethod
+    def after_handshake(cls, node_secret: str, hello_nonce: str, driver_nonce: str, *, driver: bool) -> Frames:
+        """The frames of the connection whose handshake used these nonces, as
+        the driver (``driver``) or the node sees them."""
+        base = hmac.new(node_secret.encode(), f"link-session\0{hello_nonce}\0{driver_nonce}".encode(),
+                        hashlib.sha256).digest()
+        to_node = hmac.new(base, b"driver-to-node", hashlib.sha256).digest()
+        to_driver = hmac.new(base, b"node-to-driver", hashlib.sha256).digest()
+        return cls(to_node, to_driver) if driver else cls(to_driver, to_node)
+
+    @staticmethod
+    def _mac(key: bytes, count: int, line: bytes) -> bytes:
+        return hmac.new(key, count.to_bytes(8, "big") + line, hashlib.sha256).hexdigest()[:_FRAME_MAC_HEX].encode()
+
+    def seal(self, encoded: bytes) -> bytes:
+        """``encoded`` (one message as :func:`~raydist.engine.wire.encode`
+        gives it) as this connection's next frame."""
+        line = encoded[:-1] if encoded.endswith(b"\n") else encoded
+        mac = self._mac(self._send_key, self._sent, line)
+        self._sent += 1
+        return line + b"\t" + mac + b"\n"
+
+    def open(self, frame: bytes) -> bytes:
+        """The line in ``frame`` (without its newline), if it is the next
+        frame the far end sealed; BadFrame otherwise."""
+        line, tab, mac = frame.rpartition(b"\t")
+        if not tab or not hmac.compare_digest(mac, self._mac(self._receive_key, self._received, line)):
+            raise BadFrame("a frame whose MAC does not hold")
+        self._received += 1
+        return line
+
+
 def proven(expected: str, given: object) -> bool:
     """Whether ``given`` is ``expected``, compared in constant time."""
     return isinstance(given, str) and hmac.compare_digest(expected.encode(), given.encode())
@@ -115,12 +177,13 @@ class NodeKeys:
         return "NodeKeys(****)"
 
 
-def say_hello(sock: socket.socket, key: str, node_secret: str, **who: Any) -> tuple[dict[str, Any], bytes]:
+def say_hello(sock: socket.socket, key: str, node_secret: str,
+              **who: Any) -> tuple[dict[str, Any], bytes, Frames]:
     """The node's side of the handshake on a fresh connection: the hello it
-    said and whatever the driver sent past its ``welcome`` (the next line
-    may already be in). Raises LinkRefused when the driver says no, and
-    LinkBroken when the link breaks or the far end cannot prove the key
-    (an impostor)."""
+    said, whatever the driver sent past its ``welcome`` (the next frame may
+    already be in), and the connection's :class:`Frames`. Raises
+    LinkRefused when the driver says no, and LinkBroken when the link breaks
+    or the far end cannot prove the key (an impostor)."""
     hello = {"type": "hello", "key": key, "nonce": fresh_nonce(), **who}
     sock.sendall(encode(hello))
     reader = LineReader(sock, idle_s=HANDSHAKE_S)
@@ -134,6 +197,8 @@ def say_hello(sock: socket.socket, key: str, node_secret: str, **who: Any) -> tu
             # An impostor, or this node's key is wrong: neither gets better with retries.
             raise LinkRefused("the far end of the link could not prove this node's key")
         sock.sendall(encode({"type": "proof", "proof": node_proof(node_secret, hello, nonce)}))
+        frames = Frames.after_handshake(node_secret, hello["nonce"], nonce, driver=False)
+        reader = LineReader(sock, idle_s=HANDSHAKE_S, initial=reader.rest(), frames=frames, refusal_in_clear=True)
         welcome = reader.read()
     except LinkRefused:
         raise
@@ -145,4 +210,4 @@ def say_hello(sock: socket.socket, key: str, node_secret: str, **who: Any) -> tu
         raise LinkRefused("the driver refused this node's proof")
     if welcome.get("type") != "welcome":
         raise LinkBroken("the driver did not welcome this node")
-    return hello, reader.rest()
+    return hello, reader.rest(), frames

@@ -67,7 +67,6 @@ from raydist.engine.wire import (
     LinkRefused,
     enable_keepalive,
     encode,
-    send,
 )
 from raydist.paths import open_private_log
 
@@ -105,6 +104,10 @@ class Supervisor:
         self.reason = ""
         self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
         self.sock: socket.socket | None = None
+        #: The current connection's sealed frames (linkauth.Frames), and those
+        #: of connections opened but not attached yet.
+        self.frames: Any = None
+        self._frames_of: dict[socket.socket, Any] = {}
         self.lock = threading.Lock()
         self.proc: subprocess.Popen[str] | None = None
         self.pump: threading.Thread | None = None
@@ -133,10 +136,11 @@ class Supervisor:
         sock = socket.create_connection((host, int(port)), timeout=HANDSHAKE_S)
         try:
             enable_keepalive(sock)
-            _, rest = say_hello(sock, self.cfg["key"], self.cfg["secret"], host=socket.gethostname(),
-                                pid=os.getpid(), incarnation=self.incarnation, resume=resume)
+            _, rest, frames = say_hello(sock, self.cfg["key"], self.cfg["secret"], host=socket.gethostname(),
+                                        pid=os.getpid(), incarnation=self.incarnation, resume=resume)
             sock.settimeout(self.idle_s)  # a send to a silent peer fails too, instead of hanging
-            return sock, LineReader(sock, idle_s=self.idle_s, initial=rest)
+            self._frames_of[sock] = frames
+            return sock, LineReader(sock, idle_s=self.idle_s, initial=rest, frames=frames)
         except BaseException:
             sock.close()
             raise
@@ -163,9 +167,10 @@ class Supervisor:
 
     def _attach(self, sock: socket.socket) -> None:
         with self.lock:
+            self.frames = self._frames_of.pop(sock)
             try:
                 while self.unsent:
-                    sock.sendall(encode(self.unsent[0]))
+                    sock.sendall(self.frames.seal(encode(self.unsent[0])))
                     self.unsent.popleft()
             except OSError:
                 pass  # the reader notices the broken link
@@ -173,20 +178,23 @@ class Supervisor:
 
     def emit(self, message: dict[str, Any]) -> None:
         with self.lock:
-            if self.sock is None:
+            if self.sock is None or self.frames is None:
                 self.unsent.append(message)
                 return
             try:
-                self.sock.sendall(encode(message))
+                self.sock.sendall(self.frames.seal(encode(message)))
             except OSError:
                 self.unsent.append(message)
 
     def _heartbeat(self) -> None:
         while not self.stop.wait(self.heartbeat_s):
             with self.lock:
-                sock = self.sock
-            if sock is not None:
-                send(sock, self.lock, {"type": "ping"})
+                if self.sock is None or self.frames is None:
+                    continue
+                try:  # sealed and sent under the lock: frames go out in the order they are counted
+                    self.sock.sendall(self.frames.seal(encode({"type": "ping"})))
+                except OSError:
+                    pass  # the reader notices the broken link
 
     def _read_link(self, reader: LineReader) -> None:
         while True:

@@ -96,10 +96,17 @@ class LineReader:
     ``initial`` holds bytes already read past a previous line (the handshake).
     """
 
-    def __init__(self, sock: socket.socket, *, idle_s: float = IDLE_S, initial: bytes = b"") -> None:
+    def __init__(self, sock: socket.socket, *, idle_s: float = IDLE_S, initial: bytes = b"",
+                 frames: Any = None, refusal_in_clear: bool = False) -> None:
         self._sock = sock
         self._buf = bytearray(initial)
         self._idle_s = idle_s
+        #: The connection's :class:`~raydist.engine.linkauth.Frames` once its
+        #: handshake is over: every line must then be a sealed frame.
+        self._frames = frames
+        #: For the line right after the node's proof: the driver's refusal
+        #: comes in clear (a node with a wrong key could not open it sealed).
+        self._refusal_in_clear = refusal_in_clear
 
     def read(self) -> dict[str, Any]:
         """The next message. Raises LinkBroken on EOF, silence past the idle
@@ -110,9 +117,17 @@ class LineReader:
             if end >= 0:
                 line = bytes(self._buf[:end])
                 del self._buf[: end + 1]
+                if self._frames is not None:
+                    if self._refusal_in_clear and line == b'{"type":"refused"}':
+                        return {"type": "refused"}
+                    self._refusal_in_clear = False
+                    try:
+                        line = self._frames.open(line)
+                    except ValueError as exc:  # BadFrame
+                        raise LinkBroken(str(exc)) from exc
                 try:
                     message = json.loads(line)
-                except ValueError as exc:
+                except (ValueError, RecursionError) as exc:
                     raise LinkBroken("a line that is not JSON") from exc
                 if not isinstance(message, dict):
                     raise LinkBroken("a message that is not a JSON object")

@@ -58,6 +58,7 @@ class _Node:
     tag: str
     index: int
     sock: socket.socket | None = None
+    frames: Any = None  # the link's sealed frames (engine.linkauth.Frames)
     buf: bytearray = field(default_factory=bytearray)
     started_at: float = 0.0
     started: bool = False
@@ -74,7 +75,7 @@ class Simulator:
         self.sel = selectors.DefaultSelector()
         self.lock = threading.Lock()
         self.nodes: dict[str, _Node] = {}
-        self.ready: list[tuple[_Node, socket.socket, bytes]] = []  # handshakes done, to register
+        self.ready: list[tuple[_Node, socket.socket, bytes, Any]] = []  # handshakes done, to register
         self.pool = ThreadPoolExecutor(16)
         self.count = 0
         self.wake_r, self.wake_w = socket.socketpair()
@@ -98,12 +99,13 @@ class Simulator:
                     self._read(key.data)
             with self.lock:
                 ready, self.ready = self.ready, []
-            for node, sock, rest in ready:
+            for node, sock, rest, frames in ready:
                 if node.done:
                     sock.close()
                     continue
                 sock.setblocking(False)
                 node.sock = sock
+                node.frames = frames
                 node.buf += rest
                 node.started_at = time.monotonic() + random.uniform(*START_S)
                 node.next_ping = time.monotonic() + HEARTBEAT_S
@@ -156,8 +158,8 @@ class Simulator:
                 sock.bind((source_address(node.index), 0))
                 sock.settimeout(10)
                 sock.connect(channel)
-                _, rest = say_hello(sock, node.key, secret, host=f"sim-{node.index}", pid=os.getpid(),
-                                    incarnation=secrets.token_hex(8))
+                _, rest, frames = say_hello(sock, node.key, secret, host=f"sim-{node.index}", pid=os.getpid(),
+                                            incarnation=secrets.token_hex(8))
             except ConnectionRefusedError:
                 sock.close()
                 break  # nothing listens: the cluster is gone
@@ -166,7 +168,7 @@ class Simulator:
                 time.sleep(0.2)  # the channel was full of hellos: try again, as a supervisor does
                 continue
             with self.lock:
-                self.ready.append((node, sock, rest))
+                self.ready.append((node, sock, rest, frames))
             self.wake_w.send(b"x")
             return
         self._tell({"op": "ended", "job": node.job, "error": "the node could not link to the driver"})
@@ -187,7 +189,7 @@ class Simulator:
             return
         node.buf += chunk
         while (end := node.buf.find(b"\n")) >= 0:
-            msg = json.loads(bytes(node.buf[:end]))
+            msg = json.loads(node.frames.open(bytes(node.buf[:end])))
             del node.buf[: end + 1]
             if msg.get("cmd") == "stop":
                 self._send(node, {"type": "stopped", "code": 0, "reason": "stopped by the driver", "log_tail": []})
@@ -203,7 +205,7 @@ class Simulator:
             return
         try:
             node.sock.setblocking(True)
-            node.sock.sendall(encode(msg))
+            node.sock.sendall(node.frames.seal(encode(msg)))
             node.sock.setblocking(False)
         except OSError:
             pass
