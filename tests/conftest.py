@@ -126,16 +126,6 @@ def no_leftover_ray() -> Iterator[None]:
     assert not left, f"Ray processes left behind: {_describe(left)}"
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _no_ray_left_when_the_suite_ends() -> Iterator[None]:
-    """The whole suite leaves no Ray process it started (each test checks its
-    own with ``no_leftover_ray``; this catches what a shared part left)."""
-    before = {p.pid for p in ray_processes()}
-    yield
-    left = wait_no_ray_processes(ignore=before)
-    assert not left, f"Ray processes left when the suite ended: {_describe(left)}"
-
-
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """One real ``raydist serve`` (a subprocess on a free port, its own Spark)

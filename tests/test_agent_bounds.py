@@ -27,11 +27,18 @@ def agent(monkeypatch: pytest.MonkeyPatch) -> tuple[BlockAgent, int]:
     a._server.close()
 
 
-def _send(port: int, header: dict, body: bytes = b"") -> bytes:
-    """What the agent answers (b"": nothing, the connection closed or reset)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+def _send(port: int, header: dict, body: bytes = b"", source: str = "127.0.0.1") -> bytes:
+    """What the agent answers (b"": nothing, the connection closed or reset)
+    to a sender that speaks its protocol: it proves ``header["secret"]`` (the
+    right one or not) over the agent's nonce, and seals ``body`` with it."""
+    secret = header.pop("secret")
+    with socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0)) as s:
         try:
-            s.sendall(json.dumps(header).encode() + b"\n" + body)
+            nonce = json.loads(s.makefile("rb").readline())["nonce"]
+            header["proof"] = _agent._proof(secret, nonce, header["job"], _agent._what(header))
+            mac = _agent._mac(secret, nonce, "body")
+            mac.update(body)
+            s.sendall(json.dumps(header).encode() + b"\n" + body + mac.hexdigest().encode() + b"\n")
             s.shutdown(socket.SHUT_WR)
             return s.makefile("rb").read()
         except OSError:  # reset, a broken pipe, or already gone when we shut our side
@@ -106,15 +113,13 @@ def test_one_address_cannot_take_every_place(agent) -> None:
     crowd = [socket.create_connection(("127.0.0.1", port)) for _ in range(_agent._MAX_PER_SOURCE + 8)]
     try:
         time.sleep(0.2)
-        import select
-
-        closed = select.select(crowd, [], [], 0.2)[0]  # readable now: closed by the agent
-        assert len(closed) == 8 and all(s.recv(1) == b"" for s in closed)  # the address's share, no more
+        said = []
+        for s in crowd:  # a held one hears its nonce; one refused is closed at once, before a word
+            s.settimeout(0.5)
+            said.append(s.recv(100))
+        assert said.count(b"") == 8 and all(b"nonce" in x for x in said if x)  # the address's share, no more
         # Another address (here 127.0.0.2, another host's tasks) is served at once.
-        with socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.2", 0)) as other:
-            other.sendall(json.dumps({"job": "job", "secret": "s3cret", "part": -1}).encode() + b"\n")
-            other.shutdown(socket.SHUT_WR)
-            assert other.recv(1) == b""
+        assert _send(port, {"job": "job", "secret": "s3cret", "part": -1}, source="127.0.0.2") == b""
         assert len(a.take("job")[1]) == 1  # judged (refused for its index), not left waiting
     finally:
         for s in crowd:
@@ -127,8 +132,8 @@ def test_the_first_copy_of_a_part_wins(agent, monkeypatch: pytest.MonkeyPatch) -
     # (The object store is not the point here: the table itself stands for its ref.)
     monkeypatch.setattr(_agent, "_put", lambda table: table)
     a, port = agent
-    assert json.loads(_send(port, {"job": "job", "secret": "s3cret", "part": 0}, _ipc(3))) == {"rows": 3}
-    assert json.loads(_send(port, {"job": "job", "secret": "s3cret", "part": 0}, _ipc(5))) == {"rows": 3}
+    assert json.loads(_send(port, {"job": "job", "secret": "s3cret", "part": 0}, _ipc(3)))["rows"] == 3
+    assert json.loads(_send(port, {"job": "job", "secret": "s3cret", "part": 0}, _ipc(5)))["rows"] == 3
     parts, errors = a.take("job")
     assert errors == []
     assert list(parts) == [0] and parts[0][1] == 3 and parts[0][0].column("x").to_pylist() == [0, 1, 2]
@@ -174,3 +179,70 @@ def test_the_agent_goes_on_accepting_after_it_ran_out_of_file_descriptors(monkey
         assert len(errors) == 1 and "partition index" in errors[0], errors
     finally:
         listeners[0].close()
+
+
+class _Tap:
+    """A TCP proxy in front of the agent: records what the sender says, and
+    may change one byte of it on the way (an on-path host)."""
+
+    def __init__(self, port: int, flip_at: int = -1) -> None:
+        import threading
+
+        self.heard = bytearray()
+        self._port, self._flip_at = port, flip_at
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        import threading
+
+        client, _ = self._server.accept()
+        agent = socket.create_connection(("127.0.0.1", self._port))
+
+        def pump(src: socket.socket, dst: socket.socket, record: bool) -> None:
+            try:
+                while chunk := src.recv(65536):
+                    if record:
+                        start = len(self.heard)
+                        self.heard += chunk
+                        if start <= self._flip_at < len(self.heard):
+                            chunk = bytearray(chunk)
+                            chunk[self._flip_at - start] ^= 0x01
+                            chunk = bytes(chunk)
+                    dst.sendall(chunk)
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+        back = threading.Thread(target=pump, args=(agent, client, False), daemon=True)
+        back.start()
+        pump(client, agent, True)
+        back.join(10)
+        client.close()
+        agent.close()
+        self._server.close()
+
+
+def _send_partition(tap: _Tap, rows: int) -> list:
+    table = pa.table({"x": list(range(rows))})
+    return list(_agent.send_partitions("job", "s3cret", {"here": ("127.0.0.1", tap.port)}, "127.0.0.1",
+                                       table.schema.serialize().to_pybytes(), iter(table.to_batches())))
+
+
+def test_the_jobs_secret_never_crosses_the_wire_and_a_changed_part_is_not_kept(agent, monkeypatch) -> None:
+    monkeypatch.setattr(_agent, "_put", lambda table: table)
+    a, port = agent
+    tap = _Tap(port)
+    sent = _send_partition(tap, 300)
+    assert sent[0].to_pydict() == {"part": [0], "rows": [300]}
+    assert b"s3cret" not in tap.heard  # proved over the agent's nonce, never said
+    parts, errors = a.take("job")
+    assert errors == [] and parts[0][1] == 300
+    # The same part again, with one byte of its rows changed on the way.
+    a.expect("job", "s3cret", max_bytes=1 << 20)
+    changed = _Tap(port, flip_at=len(tap.heard) - 200)  # inside the last record batch's values
+    with pytest.raises(RuntimeError, match="did not take partition 0"):
+        _send_partition(changed, 300)
+    parts, errors = a.take("job")
+    assert parts == {} and any("changed on the way" in e for e in errors), errors

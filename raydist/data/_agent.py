@@ -17,10 +17,13 @@ pyarrow, and the engine's light ``launch`` module, as a worker node's task does)
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import hashlib
 import hmac
 import json
 import logging
+import secrets
 import socket
 import threading
 import time
@@ -90,6 +93,87 @@ def _read_header(conn: socket.socket, deadline: float) -> tuple[bytes, bytes]:
     if end > _HEADER_MAX:
         raise ValueError(f"a header longer than {_HEADER_MAX} bytes")
     return bytes(buf[:end]), bytes(buf[end + 1:])
+
+
+def _proof(secret: str, nonce: str, job: str, what: str) -> str:
+    """A sender's proof that it holds ``job``'s secret, for this connection
+    (the agent's ``nonce``) and what it asks (``part=3``, ``block=5``): the
+    secret itself never crosses the wire."""
+    return hmac.new(secret.encode(), f"header\0{nonce}\0{job}\0{what}".encode(), hashlib.sha256).hexdigest()
+
+
+def _mac(secret: str, nonce: str, label: str) -> Any:
+    """A running MAC of what one end sends on this connection (``label``:
+    ``body`` one way, ``block`` the other), its trailer once the stream ends."""
+    return hmac.new(secret.encode(), f"{label}\0{nonce}".encode(), hashlib.sha256)
+
+
+def _reply_mac(secret: str, nonce: str, rows: int) -> str:
+    return hmac.new(secret.encode(), f"reply\0{nonce}\0{rows}".encode(), hashlib.sha256).hexdigest()
+
+
+def _what(header: Mapping[str, Any]) -> str:
+    return f"block={header['block']}" if "block" in header else f"part={header.get('part')}"
+
+
+class _Hashed:
+    """A binary reader that feeds what it reads to ``mac``."""
+
+    def __init__(self, raw: Any, mac: Any) -> None:
+        self._raw, self._mac = raw, mac
+        self.closed = False
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._raw.read(n)
+        self._mac.update(data)
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+
+class _HashingWriter:
+    """A binary writer that feeds what it writes to ``mac``."""
+
+    def __init__(self, raw: Any, mac: Any) -> None:
+        self._raw, self._mac = raw, mac
+        self._written = 0
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        data = bytes(data)
+        self._mac.update(data)
+        self._raw.write(data)
+        self._written += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def tell(self) -> int:
+        return self._written
+
+    def writable(self) -> bool:
+        return True
+
+
+def _read_trailer(raw: Any, what: str) -> str:
+    """The MAC line after an Arrow stream (64 hex digits)."""
+    line = b""
+    while not line.endswith(b"\n") and len(line) <= 65:
+        chunk = raw.read(1)
+        if not chunk:
+            break
+        line += chunk
+    if len(line) != 65:
+        raise ValueError(f"{what} ended without its MAC")
+    return line[:-1].decode("ascii", "replace")
+
+
+def _check_trailer(mac: Any, raw: Any, what: str) -> None:
+    given = _read_trailer(raw, what)
+    if not hmac.compare_digest(given, mac.hexdigest()):
+        raise ValueError(f"{what} was changed on the way (its MAC does not hold)")
 
 
 class _Bounded:
@@ -209,6 +293,9 @@ class BlockAgent:
 
         job = ""
         try:
+            nonce = secrets.token_hex(16)
+            conn.settimeout(_HEADER_S)
+            conn.sendall(json.dumps({"nonce": nonce}).encode() + b"\n")  # what the sender proves its secret over
             line, after = _read_header(conn, time.monotonic() + _HEADER_S)
             header = json.loads(line)
             if not isinstance(header, dict):
@@ -216,22 +303,28 @@ class BlockAgent:
             job = str(header.get("job", ""))
             with self._lock:
                 state = self._jobs.get(job)
-            if state is None or not hmac.compare_digest(str(header.get("secret", "")).encode(),
-                                                        state["secret"].encode()):
+            if state is None or not hmac.compare_digest(
+                    str(header.get("proof", "")).encode(), _proof(state["secret"], nonce, job, _what(header)).encode()):
+                job = ""  # a stranger: no trace in the job
                 return
             conn.settimeout(600)
             if "block" in header:  # the way back: send one block to a Spark task
                 import ray
 
                 table = ray.get(state["offer"][int(header["block"])])
-                with conn.makefile("wb") as out, pa.ipc.new_stream(out, table.schema) as writer:
-                    writer.write_table(table)
+                mac = _mac(state["secret"], nonce, "block")
+                with conn.makefile("wb") as out:
+                    with pa.ipc.new_stream(_HashingWriter(out, mac), table.schema) as writer:
+                        writer.write_table(table)
+                    out.write(mac.hexdigest().encode() + b"\n")
                 return
             part = header.get("part")
             if isinstance(part, bool) or not isinstance(part, int) or not 0 <= part < _MAX_PART:
                 raise ValueError(f"a partition index from 0 to {_MAX_PART - 1} (got {str(part)[:20]})")
             stream = _Prefixed(after, conn.makefile("rb"))
-            table = pa.ipc.open_stream(_Bounded(stream, state["max_bytes"])).read_all()
+            mac = _mac(state["secret"], nonce, "body")
+            table = pa.ipc.open_stream(_Bounded(_Hashed(stream, mac), state["max_bytes"])).read_all()
+            _check_trailer(mac, stream, f"partition {part}")  # before a row of it is kept
             with self._lock:
                 earlier = state["parts"].get(part)
             if earlier is None:
@@ -240,11 +333,33 @@ class BlockAgent:
                     # The first copy of a part wins: a retried task's copy, or
                     # anyone else's, replaces nothing (its sender hears the rows kept).
                     earlier = state["parts"].setdefault(part, (ref, table.num_rows))
-            conn.sendall(json.dumps({"rows": earlier[1]}).encode() + b"\n")
+            rows = earlier[1]
+            conn.sendall(json.dumps({"rows": rows, "mac": _reply_mac(state["secret"], nonce, rows)}).encode() + b"\n")
         except Exception as exc:  # noqa: BLE001 - reported to the driver with the job
             with self._lock:
                 if job in self._jobs:
                     self._jobs[job]["errors"].append(f"{type(exc).__name__}: {exc}"[:500])
+
+
+@contextlib.contextmanager
+def connect(host: str, port: int, job: str, secret: str, **what: int) -> Iterator[tuple[socket.socket, str]]:
+    """A connection to the agent at ``host:port`` for ``job``, its header
+    said (``part=`` to send one, ``block=`` to fetch one): the socket and the
+    agent's nonce for this connection."""
+    with socket.create_connection((host, port), timeout=600) as sock:
+        sock.settimeout(_HEADER_S)
+        line = b""
+        while not line.endswith(b"\n") and len(line) < 256:
+            chunk = sock.recv(1)
+            if not chunk:
+                raise ConnectionError(f"the block agent at {host}:{port} closed before it said its nonce")
+            line += chunk
+        nonce = str(json.loads(line)["nonce"])
+        header = {"job": job, **what}
+        header["proof"] = _proof(secret, nonce, job, _what(header))
+        sock.sendall(json.dumps(header).encode() + b"\n")
+        sock.settimeout(600)
+        yield sock, nonce
 
 
 def _put(table: Any) -> Any:
@@ -277,25 +392,30 @@ def send_partitions(job: str, secret: str, agents: Mapping[str, tuple[str, int]]
     ctx = TaskContext.get()
     part = ctx.partitionId() if ctx is not None else 0
     host, port = _agent_for(agents, driver_host)
-    with socket.create_connection((host, port), timeout=600) as sock:
+    with connect(host, port, job, secret, part=part) as (sock, nonce):
         out = sock.makefile("wb")
-        out.write(json.dumps({"job": job, "secret": secret, "part": part}).encode() + b"\n")
+        mac = _mac(secret, nonce, "body")
+        body = _HashingWriter(out, mac)
         writer = None
         sent = 0
         for batch in batches:
             if writer is None:
-                writer = pa.ipc.new_stream(out, batch.schema)
+                writer = pa.ipc.new_stream(body, batch.schema)
             writer.write_batch(batch)
             sent += batch.num_rows
         if writer is None:  # an empty partition still says what its columns are
-            writer = pa.ipc.new_stream(out, pa.ipc.read_schema(pa.py_buffer(schema_ipc)))
+            writer = pa.ipc.new_stream(body, pa.ipc.read_schema(pa.py_buffer(schema_ipc)))
         writer.close()
+        out.write(mac.hexdigest().encode() + b"\n")
         out.flush()
         sock.shutdown(socket.SHUT_WR)
         reply = sock.makefile("rb").readline(_HEADER_MAX)
     if not reply:
         raise RuntimeError(f"the Ray node at {host}:{port} did not take partition {part}; see the driver's error")
-    kept = int(json.loads(reply)["rows"])
+    answer = json.loads(reply)
+    kept = int(answer["rows"])
+    if not hmac.compare_digest(str(answer.get("mac", "")), _reply_mac(secret, nonce, kept)):
+        raise RuntimeError(f"the answer for partition {part} from {host}:{port} was changed on the way")
     if kept != sent:
         # Another sender's copy of this partition got there first.
         raise RuntimeError(f"the Ray node at {host}:{port} holds {kept} rows for partition {part}, "
@@ -313,8 +433,10 @@ def fetch_blocks(job: str, secret: str, holders: Mapping[int, tuple[str, int]],
     for batch in batches:
         for index in batch.column(0).to_pylist():
             host, port = holders[int(index)]
-            with socket.create_connection((host, port), timeout=600) as sock:
-                sock.sendall(json.dumps({"job": job, "secret": secret, "block": int(index)}).encode() + b"\n")
+            with connect(host, port, job, secret, block=int(index)) as (sock, nonce):
                 sock.shutdown(socket.SHUT_WR)
-                reader = pa.ipc.open_stream(sock.makefile("rb"))
-                yield from reader
+                raw = sock.makefile("rb")
+                mac = _mac(secret, nonce, "block")
+                got = list(pa.ipc.open_stream(_Hashed(raw, mac)))
+                _check_trailer(mac, raw, f"block {index}")  # before a row of it goes to Spark
+            yield from got
