@@ -35,6 +35,7 @@ both, so that no teardown leaves the process behind:
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -129,6 +130,7 @@ class ProcessRay:
         self._used_at: float | None = None
         self._inside: dict[int, int] = {}  # thread -> raydist calls of it inside Ray now
         self._left = threading.Condition()  # guards _inside
+        self._connector: concurrent.futures.ThreadPoolExecutor | None = None  # see _init
 
     # ------------------------------------------------------------ use
 
@@ -238,7 +240,24 @@ class ProcessRay:
                     return None
                 raise ConnectionInUseError(current, address)
             with self._token_for_init(token):
-                return ray.init(target or address, **init_kwargs)
+                return self._init(ray.init, target or address, init_kwargs)
+
+    def _init(self, init: Callable[..., Any], address: str, kwargs: dict[str, Any]) -> Any:
+        """``init(address, **kwargs)`` on the main thread or, from any other
+        thread, on this process's one connector thread, which makes no other
+        Ray call. Ray gives the thread that connects the driver's task id,
+        and each thread numbers its own ``ray.put`` objects: two threads that
+        each connected once (a reconnect from a second thread, as in a
+        CrossValidator's parallel fits) would both number objects under
+        that id, and the second to reach a number ends the process in a
+        failed check (``Tried to create an owned object that already
+        exists``). Connecting only here leaves the main thread the one
+        thread that both holds the id and puts objects."""
+        if threading.current_thread() is threading.main_thread():
+            return init(address, **kwargs)
+        if self._connector is None:
+            self._connector = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="raydist-ray-connect")
+        return self._connector.submit(init, address, **kwargs).result()
 
     @contextlib.contextmanager
     def _token_for_init(self, token: RayToken) -> Iterator[None]:
