@@ -23,7 +23,7 @@ def test_a_job_goes_to_every_rank_and_rank_0s_value_comes_back() -> None:
             await board.register(gen, rank, f"actor{rank}")
         assert await board.ready()
         seq = await board.submit(b"job")
-        assert await board.next_job(gen, 0) == (seq, b"job")
+        assert await board.next_job(gen, 0) == (seq, b"job", None)
         await board.publish_rendezvous(gen, seq, "10.0.0.1", 1234)
         assert await board.get_rendezvous(gen, seq) == ("10.0.0.1", 1234)
         await board.report(gen, seq, 1, True, b"")
@@ -57,7 +57,7 @@ def test_a_replaced_group_reruns_the_job_and_old_outcomes_are_ignored() -> None:
         new = await board.new_generation(2)  # Ray Train replaced the group
         assert new == old + 1
         assert await board.next_job(old, 0) is None  # the old group's workers end
-        assert await board.next_job(new, 0) == (seq, b"job")  # the new group runs it again
+        assert await board.next_job(new, 0) == (seq, b"job", None)  # the new group runs it again
         await board.report(old, seq, 0, True, b"stale")
         assert await board.wait(seq, 0.05) == (PENDING, None)
         await board.report(new, seq, 0, True, b"fresh")
@@ -116,13 +116,13 @@ def test_a_cancelled_job_stops_everywhere_and_the_workers_take_the_next() -> Non
         board = JobBoard(keep_alive_s=60)
         gen = await board.new_generation(2)
         seq = await board.submit(b"long")
-        assert await board.next_job(gen, 0) == (seq, b"long")
+        assert await board.next_job(gen, 0) == (seq, b"long", None)
         waiter = asyncio.ensure_future(board.get_rendezvous(gen, seq))  # rank 1, before rank 0 published
         await board.cancel(seq)
         assert not await board.job_active(gen, seq)  # each rank kills its copy
         assert await asyncio.wait_for(waiter, 1) is None  # rank 1 stops waiting for rank 0
         nxt = await board.submit(b"next")
-        assert await board.next_job(gen, seq) == (nxt, b"next")
+        assert await board.next_job(gen, seq) == (nxt, b"next", None)
         await board.cancel(seq)  # too late: nothing happens to the next job
         assert await board.job_active(gen, nxt)
 

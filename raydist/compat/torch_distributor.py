@@ -10,7 +10,7 @@ from typing import Any
 
 from raydist.compat._jobs import ArgvJob, function_job, plain, script_job
 from raydist.errors import TrainingConfigError
-from raydist.train.runtime import DEFAULT_KEEP_WARM_S
+from raydist.train.runtime import DEFAULT_KEEP_WARM_S, RankInputs
 
 __all__ = ["TorchDistributor"]
 
@@ -98,6 +98,33 @@ class TorchDistributor:
     def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
         return self._fit(plain(self._job(train_object, args, kwargs)))
 
+    def _train_on_dataframe(self, train_function: Callable[..., Any], spark_dataframe: Any, *args: Any,
+                            **kwargs: Any) -> Any:
+        """pyspark's ``TorchDistributor._train_on_dataframe`` (what
+        ``pyspark.ml.connect``'s estimators train through): rank ``i`` runs
+        ``train_function(*args, **kwargs)`` with partition ``i`` of
+        ``spark_dataframe`` in the files pyspark names in
+        ``SPARK_PARTITION_ARROW_DATA_FILE`` and ``SPARK_DATAFRAME_SCHEMA_FILE``
+        (read them with pyspark's ``_get_spark_partition_data_loader``);
+        rank 0's return value. As in pyspark, the DataFrame must have
+        ``num_processes`` partitions, none empty, and ``local_mode`` must be
+        False (each a ValueError with pyspark's message).
+
+        The partitions are read in one Spark job before the run takes its
+        slots, and reach each rank through Ray's object store
+        (:mod:`raydist.compat._dataframe`), so the run itself is a run like
+        any other: on the warm session cluster, kept between fits."""
+        from raydist.compat._dataframe import partition_inputs
+
+        if self.local_mode:
+            raise ValueError(
+                "TorchDistributor.train_on_dataframe requires setting TorchDistributor.local_mode to False."
+            )
+        if not callable(train_function):
+            raise TrainingConfigError("train_function", train_function, "expected a function, as in pyspark")
+        inputs = partition_inputs(spark_dataframe, self.num_processes)
+        return self._fit(plain(self._job(train_function, args, kwargs)), inputs)
+
     def _job(self, train_object: Callable[..., Any] | str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ArgvJob:
         """Check ``run``'s input; the job each process runs."""
         self._train_object = train_object
@@ -113,15 +140,15 @@ class TorchDistributor:
             return function_job(train_object, args, kwargs)
         raise TrainingConfigError("train_object", train_object, "expected a function or a script path")
 
-    def _fit(self, job: Callable[[], Any]) -> Any:
-        """Run ``job()`` in every process with torchrun's environment set;
-        rank 0's return value."""
+    def _fit(self, job: Callable[[], Any], inputs: RankInputs | None = None) -> Any:
+        """Run ``job()`` in every process with torchrun's environment set
+        (and its own of ``inputs``, on Ray); rank 0's return value."""
         from raydist.train.runtime import keyboard_interrupts
 
         with keyboard_interrupts():
-            return self._fit_where(job)
+            return self._fit_where(job, inputs)
 
-    def _fit_where(self, job: Callable[[], Any]) -> Any:
+    def _fit_where(self, job: Callable[[], Any], inputs: RankInputs | None = None) -> Any:
         from raydist.train.runtime import training_session
 
         session = training_session()
@@ -135,8 +162,8 @@ class TorchDistributor:
                     local.close()
         resources = self._rank_resources()
         if self._warm_capable and self.keep_warm_s > 0:
-            return self._fit_warm(session, job, resources)
-        return self._fit_fresh(job, resources)
+            return self._fit_warm(session, job, resources, inputs)
+        return self._fit_fresh(job, resources, inputs)
 
     def _rank_resources(self) -> dict[str, float]:
         """What each process of a run on Ray takes of its node: one CPU, or
@@ -178,7 +205,8 @@ class TorchDistributor:
         rng = random.Random(hash(self._train_object))
         return processes, {"CUDA_VISIBLE_DEVICES": ",".join(rng.sample(gpus, processes))}
 
-    def _fit_warm(self, session: Any, job: Callable[[], Any], resources: dict[str, float]) -> Any:
+    def _fit_warm(self, session: Any, job: Callable[[], Any], resources: dict[str, float],
+                  inputs: RankInputs | None) -> Any:
         with session.connected(
             self.cluster, workers=self.num_processes, resources_per_worker=resources, use_gpu=self.use_gpu,
             keep_warm_s=self.keep_warm_s,
@@ -191,9 +219,10 @@ class TorchDistributor:
                 max_failures=self.max_failures,
                 keep_alive_s=self.keep_warm_s,
                 raydist_cluster=handle is not None,
+                inputs=inputs,
             )
 
-    def _fit_fresh(self, job: Callable[[], Any], resources: dict[str, float]) -> Any:
+    def _fit_fresh(self, job: Callable[[], Any], resources: dict[str, float], inputs: RankInputs | None) -> Any:
         from raydist.train.runtime import TorchrunTrainer
 
         trainer = TorchrunTrainer(
@@ -204,6 +233,7 @@ class TorchDistributor:
             max_failures=self.max_failures,
             cluster=self.cluster,
             keep_warm_s=self.keep_warm_s,
+            inputs=inputs,
         )
         try:
             return trainer.run()

@@ -65,6 +65,10 @@ class Facade:
     def _extra_kwargs(self) -> dict[str, Any]:
         return {}
 
+    def _loop_config(self) -> dict[str, Any]:
+        """The ``train_loop_config`` of a run about to start (connected)."""
+        return self.config
+
     # building and running ----------------------------------------------------
 
     def scaling_config(self) -> Any:
@@ -94,7 +98,7 @@ class Facade:
         cls = self._ray_trainer_class()
         self.trainer = cls(
             self._worker_fn(),
-            train_loop_config=self.config,
+            train_loop_config=self._loop_config(),
             scaling_config=self.scaling_config(),
             run_config=self.build_run_config(),
             **self._extra_kwargs(),

@@ -33,7 +33,9 @@ class JobBoard:
         self.world = 0
         self.workers: dict[int, Any] = {}
         self.seq = 0
-        self.job: tuple[int, bytes] | None = None  # the one unfinished job
+        # The one unfinished job: its number, pickled function and inputs
+        # (raydist.train._inputs.PutInputs, or None).
+        self.job: tuple[int, bytes, Any] | None = None
         self.outcomes: dict[int, tuple[bool, bytes]] = {}
         self.failure: tuple[int, bytes] | None = None
         self.rendezvous: dict[tuple[int, int], tuple[str, int]] = {}
@@ -86,7 +88,7 @@ class JobBoard:
     async def ready(self) -> bool:
         return self.world > 0 and len(self.workers) == self.world
 
-    async def next_job(self, generation: int, after: int) -> tuple[int, bytes] | None:
+    async def next_job(self, generation: int, after: int) -> tuple[int, bytes, Any] | None:
         """The job after ``after`` for this generation; None when the run
         should end (stopped, idle too long, or the group was replaced)."""
         while True:
@@ -136,11 +138,13 @@ class JobBoard:
 
     # driver -----------------------------------------------------------------
 
-    async def submit(self, payload: bytes) -> int:
+    async def submit(self, payload: bytes, inputs: Any = None) -> int:
+        """Post a job (its pickled function, and each rank's inputs, which
+        the board holds until the job is done); its number."""
         if self.stopped:
             raise RuntimeError("the resident run has ended")
         self.seq += 1
-        self.job = (self.seq, payload)
+        self.job = (self.seq, payload, inputs)
         self.outcomes, self.failure = {}, None
         self.last_active = time.monotonic()
         await self._notify()

@@ -9,7 +9,8 @@ group of its own: a plain ``DataParallelTrainer`` (not Ray's
 ``TorchTrainer``, whose NCCL group on a GPU run would only be torn down
 again, and fails outright where torch has no NCCL), each worker given its
 layout by :mod:`raydist.train._layout` and a rendezvous agreed through Ray
-Train's ``broadcast_from_rank_zero``.
+Train's ``broadcast_from_rank_zero``. A run may hand each rank its own input
+(:mod:`raydist.train._inputs`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from raydist.train._base import Facade
+from raydist.train._inputs import RankInputs
 from raydist.train.resident import TORCHRUN_PRIORITY_ENV
 
 __all__ = ["TorchrunTrainer", "rendezvous"]
@@ -43,8 +45,11 @@ def rendezvous() -> dict[str, str]:
 
 
 def _worker(job: Callable[[], Any]) -> Callable[[Any], Any]:
-    def run(_config: Any) -> Any:
+    def run(config: Any) -> Any:
+        import ray.train
+
         from raydist.train._fork import keep_destroyed_groups
+        from raydist.train._inputs import staged
 
         os.environ.update(rendezvous())
         try:
@@ -52,9 +57,19 @@ def _worker(job: Callable[[], Any]) -> Callable[[Any], Any]:
         except ImportError:
             pass
         keep_destroyed_groups()  # this worker ends with the run; see raydist.train._fork
-        return job()
+        with staged(config.get(_INPUTS), ray.train.get_context().get_world_rank()) as input_env:
+            os.environ.update(input_env)
+            try:
+                return job()
+            finally:
+                for key in input_env:
+                    os.environ.pop(key, None)
 
     return run
+
+
+#: Where the run's config carries each rank's inputs.
+_INPUTS = "raydist_inputs"
 
 
 class TorchrunTrainer(Facade):
@@ -74,8 +89,11 @@ class TorchrunTrainer(Facade):
         max_failures: int = 0,
         cluster: Any = None,
         keep_warm_s: float | None = None,
+        inputs: RankInputs | None = None,
     ) -> None:
         from ray.train import FailureConfig, RunConfig
+
+        self.inputs = inputs
 
         super().__init__(
             _worker(job),
@@ -87,6 +105,12 @@ class TorchrunTrainer(Facade):
             cluster=cluster,
             keep_warm_s=keep_warm_s,
         )
+
+    def _loop_config(self) -> dict[str, Any]:
+        # Called once connected: the inputs go into that cluster's object store.
+        if self.inputs is None:
+            return self.config
+        return {**self.config, _INPUTS: self.inputs.put()}
 
     def _ray_trainer_class(self) -> Any:
         from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer

@@ -36,6 +36,7 @@ from typing import Any
 
 from raydist.engine.connection import connected_address, process_ray, same_address
 from raydist.errors import ClusterFailedError
+from raydist.train._inputs import RankInputs
 
 __all__ = ["ResidentRun", "ResidentRuns", "TORCHRUN_PRIORITY_ENV"]
 
@@ -69,6 +70,7 @@ def _serve(config: dict[str, Any]) -> None:
 
     from raydist.engine.ports import free_port
     from raydist.train._fork import ERROR, LOST, OK, pickle_error, run_forked
+    from raydist.train._inputs import staged
 
     board = config["board"]
     ctx = ray.train.get_context()
@@ -84,7 +86,7 @@ def _serve(config: dict[str, Any]) -> None:
         job = ray.get(board.next_job.remote(gen, after))
         if job is None:
             return
-        seq, payload = job
+        seq, payload, inputs = job
         after = seq
         if rank == 0:
             addr = ray.util.get_node_ip_address()
@@ -101,11 +103,16 @@ def _serve(config: dict[str, Any]) -> None:
         except BaseException as e:  # noqa: BLE001 - reported like the job's own error
             ray.get(board.report.remote(gen, seq, rank, False, pickle_error(e)))
             continue
-        kind, value = run_forked(
-            fn,
-            {"MASTER_ADDR": str(addr), "MASTER_PORT": str(port)},
-            still_wanted=lambda seq=seq: bool(ray.get(board.job_active.remote(gen, seq))),
-        )
+        try:
+            with staged(inputs, rank) as input_env:
+                kind, value = run_forked(
+                    fn,
+                    {"MASTER_ADDR": str(addr), "MASTER_PORT": str(port), **input_env},
+                    still_wanted=lambda seq=seq: bool(ray.get(board.job_active.remote(gen, seq))),
+                )
+        except Exception as e:  # noqa: BLE001 - this rank's input could not be had: the job's error
+            ray.get(board.report.remote(gen, seq, rank, False, pickle_error(e)))
+            continue
         if kind == LOST:
             # Like a lost worker: Ray Train replaces the group (max_failures)
             # and the new group runs the job again.
@@ -223,9 +230,10 @@ class ResidentRun:
             except BaseException as e:  # noqa: BLE001 - reported by the next run() call
                 self._fit_error = e
 
-    def run(self, job: Callable[[], Any]) -> Any:
-        """Run ``job()`` on every worker; rank 0's return value. Interrupted
-        here (Ctrl-C), the workers drop the job and stay warm."""
+    def run(self, job: Callable[[], Any], inputs: RankInputs | None = None) -> Any:
+        """Run ``job()`` on every worker; rank 0's return value. ``inputs``:
+        each rank's own input, staged for its job (:mod:`raydist.train._inputs`).
+        Interrupted here (Ctrl-C), the workers drop the job and stay warm."""
         import ray
         from ray import cloudpickle
 
@@ -234,7 +242,9 @@ class ResidentRun:
             if board is None or not self.alive:
                 raise ClusterFailedError("the resident training run has ended; start a new one")
             with process_ray().calling():
-                seq = ray.get(board.submit.remote(cloudpickle.dumps(job)))
+                put = inputs.put() if inputs is not None else None
+                seq = ray.get(board.submit.remote(cloudpickle.dumps(job), put))
+                del put  # the board holds the inputs while the job is on it
                 try:
                     return self._wait(board, seq)
                 except BaseException as e:
@@ -386,17 +396,19 @@ class ResidentRuns:
         self._kept: _Kept | None = None
 
     def run(self, job: Callable[[], Any], *, workers: int, resources_per_worker: Mapping[str, float],
-            max_failures: int, keep_alive_s: float, use_gpu: bool = False, raydist_cluster: bool = True) -> Any:
+            max_failures: int, keep_alive_s: float, use_gpu: bool = False, raydist_cluster: bool = True,
+            inputs: RankInputs | None = None) -> Any:
         """Run ``job()`` on the resident run for these settings on the
         connected cluster (started if needed; ``raydist_cluster``: that
-        cluster is raydist's own); rank 0's return value. One that differs
-        only in ``keep_alive_s`` takes the new value."""
+        cluster is raydist's own); rank 0's return value. ``inputs``: each
+        rank's own. One that differs only in ``keep_alive_s`` takes the new
+        value."""
         key = (connected_address(), workers, tuple(sorted(resources_per_worker.items())), use_gpu, max_failures)
         kept = self._take(key, workers, resources_per_worker, use_gpu, max_failures, keep_alive_s,
                           raydist_cluster)
         try:
             kept.run.keep_alive(keep_alive_s)
-            return kept.run.run(job)
+            return kept.run.run(job, inputs)
         finally:
             with self._changed:
                 kept.in_use = False

@@ -9,6 +9,7 @@ says exactly what the compat layer relies on.
 from __future__ import annotations
 
 from raydist.train._env import scoped_env
+from raydist.train._inputs import RankInputs
 from raydist.train._keras2 import use_keras2_everywhere
 from raydist.train._signals import keyboard_interrupts
 from raydist.train._torchrun import TorchrunTrainer
@@ -23,6 +24,7 @@ from raydist.train.session_rules import gpu_run_shape
 
 __all__ = [
     "DEFAULT_KEEP_WARM_S",
+    "RankInputs",
     "TorchrunTrainer",
     "TrainingSession",
     "driver_gpus",

@@ -1,0 +1,1 @@
+"""[Experimental] Spark ML on raydist: see :mod:`raydist.compat.ml.connect`."""
