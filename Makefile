@@ -5,7 +5,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # Tools spawned by name (`ray`, used by ray.util.spark) must come from .venv.
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: venv demo test test-unit test-component test-integration bench-startup bench-startup-standalone bench-training bench-chaos bench-scaling bench-connect bench-horovod bench-scale bench-gpu refresh-originals lint
+.PHONY: venv demo test test-unit test-component test-integration bench-startup bench-startup-standalone bench-training bench-chaos bench-scaling bench-connect bench-estimators bench-horovod bench-scale bench-gpu refresh-originals lint
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -47,6 +47,9 @@ bench-scaling: venv
 
 bench-connect: venv
 	$(PY) benchmarks/connect.py
+
+bench-estimators: venv
+	$(PY) benchmarks/estimators.py
 
 bench-horovod: venv
 	$(PY) benchmarks/horovod.py

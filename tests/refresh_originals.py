@@ -27,6 +27,7 @@ RECORDED: dict[str, tuple[tuple[str, ...], ...]] = {
                        ("executor-visible-devices",)),
     "notebook_life.py": ((),),
     "connect_surface.py": ((CONNECT_URL,),),
+    "ml_connect_user.py": (("--master", "local-cluster[2,1,1024]"), ("--connect", CONNECT_URL)),
 }
 
 

@@ -201,3 +201,14 @@ def test_every_distributor_runs_on_connect_as_on_the_original(connect_server, no
     assert ours["session_cluster_after_wait"] is None and ours["connected_after_wait"] is False
     assert ours["run_after_wait"] == ours["runs"][0]
     assert ours["session_cluster_after_stop"] is None and ours["ray_processes_after_stop"] == []
+
+
+@pytest.mark.timeout(900)
+def test_a_pyspark_ml_connect_program_fits_on_connect_as_on_pyspark(connect_server, no_leftover_ray,
+                                                                     tmp_path) -> None:
+    """tests/test_ml_connect.py's program on this Connect server: about
+    2.5 min here (five fits, each after its own Spark jobs)."""
+    from tests.test_ml_connect import assert_fits_as_pyspark
+
+    ours = run_program("ml_connect_user.py", "--connect", connect_server.url, home=tmp_path)
+    assert_fits_as_pyspark(ours, recorded_original("ml_connect_user.py", "--connect", CONNECT_URL))

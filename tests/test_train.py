@@ -116,6 +116,53 @@ def test_torch_distributor_matches_pyspark(cluster, spark) -> None:
     assert isinstance(ours, float) and ours == theirs
 
 
+def test_train_on_dataframe_hands_each_rank_its_partition_as_pyspark_does(cluster, spark) -> None:
+    """pyspark.ml.connect's estimators train through this private method:
+    the same function, on the same DataFrame, must see the same rows in each
+    rank as on pyspark's, through pyspark's own data loader."""
+    from pyspark import cloudpickle as spark_cloudpickle
+    from pyspark.ml.torch.distributor import TorchDistributor as SparkTorchDistributor
+
+    from raydist.compat import TorchDistributor
+
+    spark_cloudpickle.register_pickle_by_value(train_fns)
+    rows = [(float(i % 2), [float(i), float(-i)]) for i in range(10)]
+    # Two partitions of five rows, the same on every read (a round-robin
+    # repartition would deal the rows again on each read).
+    df = spark.createDataFrame(spark.sparkContext.parallelize(rows, 2), "label double, features array<double>")
+
+    theirs = SparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False)._train_on_dataframe(
+        train_fns.partition_probe_fn, df, num_samples=5)
+    ours = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, cluster=cluster)._train_on_dataframe(
+        train_fns.partition_probe_fn, df, num_samples=5)
+
+    def by_rank(out: dict) -> dict:
+        return {r["rank"]: {**r, "rows": sorted(r["rows"])} for r in out["ranks"]}
+
+    assert by_rank(ours) == by_rank(theirs)
+    assert all(r["rows"] for r in by_rank(ours).values())  # each rank had rows of its own
+    assert sorted(row for r in ours["ranks"] for row in r["rows"]) == sorted([lab, f] for lab, f in rows)
+    assert all(r["files"] == ["data.arrow", "schema.json"] and r["files_exist"] for r in ours["ranks"])
+    # ... and a second fit on the same warm workers reads its own data, not the first one's.
+    again = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, cluster=cluster)._train_on_dataframe(
+        train_fns.partition_probe_fn, df.selectExpr("label", "transform(features, v -> v * 10) AS features"),
+        num_samples=5)
+    assert sorted(row for r in again["ranks"] for row in r["rows"]) == sorted(
+        [lab, [v * 10 for v in f]] for lab, f in rows)
+
+    # pyspark's refusals, with its messages.
+    with pytest.raises(ValueError, match="requires setting TorchDistributor.local_mode to False"):
+        TorchDistributor(num_processes=2, local_mode=True)._train_on_dataframe(train_fns.partition_probe_fn, df, 5)
+    with pytest.raises(ValueError, match="requires setting num_processes equal to input spark dataframe partition"):
+        TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, cluster=cluster)._train_on_dataframe(
+            train_fns.partition_probe_fn, df.repartition(3), num_samples=5)
+    with pytest.raises(ValueError, match="Empty Spark partition is not allowed"):
+        TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, cluster=cluster)._train_on_dataframe(
+            train_fns.partition_probe_fn,
+            spark.createDataFrame(spark.sparkContext.parallelize(rows[:1], 2), "label double, features array<double>"),
+            num_samples=5)
+
+
 def test_torch_distributor_keeps_its_workers_warm_between_runs(cluster) -> None:
     from raydist.compat import TorchDistributor
 

@@ -186,3 +186,29 @@ def gpu_seen(out_dir: str) -> None:
         record["ip"] = s.getsockname()[0]
     with open(os.path.join(out_dir, f"{os.environ['RANK']}.json"), "w") as f:
         json.dump(record, f)
+
+
+def partition_probe_fn(num_samples: int) -> dict[str, Any]:
+    """Written as pyspark's docs write a ``_train_on_dataframe`` function:
+    read this rank's partition with pyspark's own data loader, then tell
+    rank 0 what every rank saw (rows, where its files were, argv)."""
+    import sys
+
+    import torch.distributed as dist
+    from pyspark.ml.torch.distributor import _get_spark_partition_data_loader
+
+    rows = []
+    for labels, features in _get_spark_partition_data_loader(num_samples, 2, num_workers=0, prefetch_factor=None):
+        pairs = zip(labels.tolist(), features.tolist(), strict=True)
+        rows += [[float(label), [float(v) for v in feature]] for label, feature in pairs]
+    dist.init_process_group("gloo")
+    seen = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, {
+        "rank": dist.get_rank(), "rows": rows, "argv0": os.path.basename(sys.argv[0]),
+        "files": [os.path.basename(os.environ[k]) for k in
+                  ("SPARK_PARTITION_ARROW_DATA_FILE", "SPARK_DATAFRAME_SCHEMA_FILE")],
+        "files_exist": all(os.path.exists(os.environ[k]) for k in
+                           ("SPARK_PARTITION_ARROW_DATA_FILE", "SPARK_DATAFRAME_SCHEMA_FILE")),
+    })
+    dist.destroy_process_group()
+    return {"ranks": seen}
