@@ -93,8 +93,8 @@ def _run_child(mode: str, impl: str, url: str) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def _close(a: list[list[float]], b: list[list[float]]) -> bool:
-    return all(abs(x - y) <= 1e-5 for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
+def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
+    return max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
 
 
 def main() -> int:
@@ -129,10 +129,11 @@ def main() -> int:
     med = statistics.median
     fit_ratio = med(fit["raydist"]) / med(fit["pyspark"])
     sweep_ratio = med(sweep["raydist"]) / med(sweep["pyspark"])
-    same = _close(weights["raydist"], weights["pyspark"])
+    diff = _max_diff(weights["raydist"], weights["pyspark"])
+    same = diff <= 1e-5
     print(f"fit median: raydist {med(fit['raydist']):.1f} s, pyspark {med(fit['pyspark']):.1f} s; "
           f"sweep of {len(SWEEP_LRS)} median: raydist {med(sweep['raydist']):.1f} s, "
-          f"pyspark {med(sweep['pyspark']):.1f} s")
+          f"pyspark {med(sweep['pyspark']):.1f} s; largest weight difference {diff:.2e}")
     print(f"mlc_fit_ratio={fit_ratio:.3f} mlc_sweep_ratio={sweep_ratio:.3f} hvd_data_ratio=n/a "
           f"same_result={'true' if same else 'false'}")
     return 0

@@ -3,6 +3,8 @@ and the promises as properties over generated situations."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -20,14 +22,17 @@ from raydist.train.session_rules import (
 pytestmark = pytest.mark.unit
 
 shapes = st.builds(Shape, st.integers(1, 8), st.integers(1, 4), st.integers(0, 2))
+# A session cluster may have no worker nodes (shrunk to its head while Spark works).
+cluster_shapes = st.builds(Shape, st.integers(0, 8), st.integers(1, 4), st.integers(0, 2))
 observed = st.builds(
     Observed,
-    shape=shapes,
+    shape=cluster_shapes,
     usable=st.booleans(),
     runs=st.integers(0, 3),
     idle_s=st.floats(0, 1000),
     spark_waiting_s=st.floats(0, 10),
     replacement_waiting=st.booleans(),
+    head_holds_slot=st.booleans(),
 )
 
 
@@ -110,10 +115,30 @@ def test_the_reaper_never_retires_a_cluster_a_run_uses(current: Observed, keep_w
     if current.runs:
         assert step is IdleStep.KEEP
     else:
+        waited = current.spark_waiting_s >= YIELD_AFTER_S
         assert (step is IdleStep.RETIRE) == (
-            not current.usable or current.idle_s >= keep_warm_s or current.spark_waiting_s >= YIELD_AFTER_S
+            not current.usable or current.idle_s >= keep_warm_s or (waited and current.head_holds_slot)
         )
-        assert bool(why) == (step is IdleStep.RETIRE)
+        # A head that holds no slot stays when Spark waits: only worker nodes go, and only if there are any.
+        assert (step is IdleStep.SHRINK) == (
+            step is not IdleStep.RETIRE and waited and not current.head_holds_slot and current.shape.workers > 0
+        )
+        assert bool(why) == (step is not IdleStep.KEEP)
+
+
+def test_waiting_spark_work_takes_the_worker_nodes_and_leaves_a_head_on_the_driver() -> None:
+    on_driver = Observed(Shape(2, 1), True, 0, 5.0, YIELD_AFTER_S, head_holds_slot=False)
+    step, why = while_idle(on_driver, 120)
+    assert step is IdleStep.SHRINK and "worker nodes" in why
+    # Shrunk, it keeps its head while Spark works, until its idle time is up.
+    shrunk = dataclasses.replace(on_driver, shape=Shape(0, 1))
+    assert while_idle(shrunk, 120)[0] is IdleStep.KEEP
+    assert while_idle(dataclasses.replace(shrunk, idle_s=120), 120)[0] is IdleStep.RETIRE
+    # The next run grows it back in place.
+    assert for_run(dataclasses.replace(shrunk, spark_waiting_s=0.0), Shape(2, 1)) == (RunStep.GROW, Shape(2, 1))
+    # A head in a Spark task of its own holds a slot: that cluster goes whole.
+    in_task = dataclasses.replace(on_driver, head_holds_slot=True)
+    assert while_idle(in_task, 120)[0] is IdleStep.RETIRE
 
 
 def test_runs_that_fit_queue_behind_a_run_waiting_to_replace_the_cluster() -> None:

@@ -160,6 +160,11 @@ class RayCluster:
         """The Spark job group of the cluster's worker jobs."""
         return self._group
 
+    @property
+    def head_holds_slot(self) -> bool:
+        """Whether the head runs in a Spark task (Connect) rather than on the driver."""
+        return self._head.in_task
+
     def env(self) -> dict[str, str]:
         """Environment for a subprocess that should use this cluster
         (``RAY_ADDRESS`` and the auth token)."""

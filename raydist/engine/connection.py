@@ -174,6 +174,12 @@ class ProcessRay:
                 log.warning("disconnecting from Ray while %d raydist thread(s) still wait in it",
                             len(self._inside.keys() - {me}))
 
+    def handing_off(self) -> bool:
+        """Whether :meth:`using` work runs now (its Spark job's tasks wait
+        for slots of their own: not work to make room for)."""
+        with self._lock:
+            return self._using > 0
+
     def last_use(self) -> float | None:
         """When :meth:`using` work last ran (now, while some runs), or None."""
         with self._lock:

@@ -3,9 +3,13 @@
 A node's task is a one-row ``mapInArrow`` with the node's ResourceProfile;
 jobs carry tags (``spark.addTag``: the cluster's and the node's) and are
 cancelled with ``spark.interruptTag``. Executors are found by a short probe
-job, since Connect has no status tracker; for the same reason nobody here can
-see other work that waits for slots (:meth:`ConnectSide.waiting_tasks` is
-None, and the session cluster falls back on its idle hold).
+job, since Connect has no status tracker. For the same reason a client sees
+only its own work waiting for slots: :meth:`ConnectSide.waiting_tasks` counts
+the tasks of this client's queries that have not started, from the progress
+reports the server sends while each runs (``registerProgressHandler``),
+leaving out the queries raydist's own threads run (the nodes' tasks). Other
+clients' work stays invisible, so the session cluster also keeps its short
+idle hold there.
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from raydist.engine.sizing import local_cluster_shape
 from raydist.engine.sparkside import AnnouncingBody, SparkSide, TaskBody, _wrap_stop, missing_raydist
+from raydist.engine.threads import on_raydist_thread
 from raydist.errors import ClusterFailedError
 
 __all__ = ["ConnectSide"]
@@ -91,8 +97,43 @@ def executor_identity() -> str:
     return json.dumps({"host": socket.gethostname(), "jvm": jvm})
 
 
+class _OwnWaitingTasks:
+    """A Connect progress handler: tasks of this client's queries not started
+    yet, by query, from the latest report of each; a query raydist's own
+    threads run is not counted."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[str, int] = {}
+
+    def __call__(self, stages: Any, inflight_tasks: int, operation_id: str | None, done: bool) -> None:
+        if on_raydist_thread():
+            return
+        key = operation_id or ""
+        left = sum(max(0, s.num_tasks - s.num_completed_tasks) for s in (stages or ()) if not s.done)
+        with self._lock:
+            if done:
+                self._waiting.pop(key, None)
+            else:
+                self._waiting[key] = max(0, left - int(inflight_tasks or 0))
+
+    def count(self) -> int:
+        with self._lock:
+            return sum(self._waiting.values())
+
+
 class ConnectSide(SparkSide):
     kind = "connect"
+
+    def __init__(self, spark: Any) -> None:
+        super().__init__(spark)
+        self._own_waiting: _OwnWaitingTasks | None = None
+        try:
+            handler = _OwnWaitingTasks()
+            spark.registerProgressHandler(handler)
+            self._own_waiting = handler
+        except Exception as exc:  # noqa: BLE001 - a client without progress reports: blind as before
+            log.debug("registerProgressHandler: %s", exc)
 
     def stopped(self) -> bool:
         return bool(self.spark.is_stopped)
@@ -219,7 +260,8 @@ class ConnectSide(SparkSide):
                     log.debug("interruptTag(%s): %s", label, exc)
 
     def waiting_tasks(self, ignore_group: str = "") -> int | None:
-        return None  # Connect shows no scheduler state to a client
+        # Connect shows a client no scheduler state: only its own queries' progress.
+        return self._own_waiting.count() if self._own_waiting is not None else None
 
     def running_tasks(self) -> int | None:
         return None

@@ -42,6 +42,7 @@ class JobBoard:
         self.stopped = False
         self.last_active = time.monotonic()
         self.controller: Any = None  # the run's Ray Train controller actor, once it runs
+        self.placement_group: Any = None  # the worker group's, once a worker registered
         self._changed = asyncio.Event()
 
     async def _notify(self) -> None:
@@ -70,9 +71,17 @@ class JobBoard:
         await self._notify()
         return self.generation
 
-    async def register(self, generation: int, rank: int, actor: Any) -> None:
+    async def register(self, generation: int, rank: int, actor: Any, placement_group: Any = None) -> None:
+        """A worker of the current group is up (its actor, and the placement
+        group Ray Train put the group in)."""
         if generation == self.generation:
             self.workers[rank] = actor
+            if placement_group is not None:
+                self.placement_group = placement_group
+
+    async def get_placement_group(self) -> Any:
+        """The current group's placement group (None before a worker registered)."""
+        return self.placement_group
 
     async def worker_actors(self) -> list[Any]:
         return list(self.workers.values())

@@ -77,7 +77,8 @@ def _serve(config: dict[str, Any]) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     # Each worker group (a restart makes a new one) is a generation of the board.
     gen = broadcast_from_rank_zero(ray.get(board.new_generation.remote(world)) if rank == 0 else None)
-    ray.get(board.register.remote(gen, rank, ray.get_runtime_context().current_actor))
+    ray.get(board.register.remote(gen, rank, ray.get_runtime_context().current_actor,
+                                  ray.util.get_current_placement_group()))
     # This worker's torchrun layout (RANK, LOCAL_RANK, CUDA_VISIBLE_DEVICES...)
     # is in its environment (the run's layout callback, raydist.train._layout):
     # every job's child inherits it, and gets only the job's rendezvous on top.
@@ -304,8 +305,11 @@ class ResidentRun:
         ClusterFailedError. Returns once the run's threads here are out of
         Ray (bounded), since Ray frees its core worker on disconnect under
         any thread still waiting in it. The run's controller is killed (its
-        workers go with it): nothing of the run outlives the connection
-        anyway, and a graceful end waits for the controller's next poll."""
+        workers go with it; a graceful end would wait for the controller's
+        next poll) and its placement group removed: a killed controller
+        leaves it behind, and while this process stays connected (a session
+        cluster shrunk to its head) it would take the CPUs of the next run's
+        nodes as soon as they came up."""
         import ray
 
         self._abandoned = True
@@ -324,8 +328,11 @@ class ResidentRun:
         try:
             # Stopped first, the workers and a job's wait here return quietly
             # (not with the board's death), and the board ends with the connection.
+            placement_group = ray.get(board.get_placement_group.remote(), timeout=_ABANDON_JOIN_S)
             ray.get(board.stop.remote(), timeout=_ABANDON_JOIN_S)
             ray.kill(controller, no_restart=True)
+            if placement_group is not None:
+                ray.util.remove_placement_group(placement_group)
         except Exception as e:  # noqa: BLE001 - gone already
             log.debug("ending the resident run: %s", e)
         if self._thread is not None:

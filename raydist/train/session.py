@@ -7,9 +7,12 @@ outlives one run:
 - the *session cluster*: a raydist cluster on the active SparkSession (the
   user's own, else the embedded one), started by the first run that names no
   cluster and finds no ``RAY_ADDRESS``, grown or replaced when a later run
-  needs more, and retired when it has idled ``keep_warm_s``, when other Spark
-  jobs wait for its task slots, when its SparkSession stops, or at exit. The
-  decisions are the pure rules of :mod:`raydist.train.session_rules`;
+  needs more, and retired when it has idled ``keep_warm_s``, when its
+  SparkSession stops, or at exit. When other Spark jobs wait for its task
+  slots it gives them back: its worker nodes go and a head on the driver
+  stays, for the next run to grow again (a head in a task of its own, on
+  Connect, goes too). The decisions are the pure rules of
+  :mod:`raydist.train.session_rules`;
 - the resident (warm) Ray Train run on the cluster this process is connected
   to (:class:`~raydist.train.resident.ResidentRuns`, ``.resident``);
 - the local forker (:class:`~raydist.train.local.LocalRun`) for runs on this
@@ -20,8 +23,8 @@ replaced (a run that needs other nodes waits for them to end, and runs that
 fit queue behind it). Each session cluster has exactly one reaper thread,
 which ends with it.
 
-Locks: ``_lifecycle`` serializes starting, growing and retiring session
-clusters and is always taken first; ``_lock`` guards the fields and is never
+Locks: ``_lifecycle`` serializes starting, growing, shrinking and retiring
+session clusters and is always taken first; ``_lock`` guards the fields and is never
 held while calling out (Ray, Spark, a cluster's ``down``). Disconnecting this
 process from a cluster that goes is :mod:`raydist.engine.connection`'s job.
 """
@@ -65,9 +68,9 @@ log = logging.getLogger(__name__)
 #: How long the session cluster, a warm run and the local forker stay up
 #: after the last run, unless the run asked otherwise.
 DEFAULT_KEEP_WARM_S = 120.0
-#: The longest a session cluster idles where Spark cannot show the waiting
-#: work it would yield to (Spark Connect): a Spark job right after a run
-#: waits at most this long for the cluster's slots.
+#: The longest a session cluster idles where Spark cannot show all the
+#: waiting work it would yield to (Spark Connect shows a client only its own):
+#: another client's Spark job right after a run waits at most this long.
 BLIND_KEEP_WARM_S = 15.0
 #: Ray Train settings for the runs raydist starts, unless the user set them
 #: (see :mod:`raydist.train._env`). ``report()`` waits on the controller's
@@ -102,7 +105,7 @@ class TrainingSession:
     module docstring). Get it with :func:`training_session`."""
 
     def __init__(self) -> None:
-        self._lifecycle = threading.Lock()  # starting, growing, retiring session clusters; taken first
+        self._lifecycle = threading.Lock()  # starting, growing, shrinking, retiring session clusters; taken first
         self._lock = threading.Lock()  # guards the fields below; never held while calling out
         self._changed = threading.Condition(self._lock)
         self._held: _Held | None = None
@@ -230,7 +233,7 @@ class TrainingSession:
         if used is not None and used > idle_since and self._on_session_cluster():
             idle_since = used
         return Observed(held.shape, usable, held.runs, 0.0 if held.runs else max(0.0, now - idle_since), waiting,
-                        replacement_waiting=self._replacers > 0)
+                        replacement_waiting=self._replacers > 0, head_holds_slot=cluster.head_holds_slot)
 
     def _lease(self, want: Shape, keep_warm_s: float | None) -> _Held:
         """The session cluster, fit for ``want`` and leased to the caller's run."""
@@ -384,17 +387,21 @@ class TrainingSession:
         from raydist.engine import spark as spark_side
 
         cluster = held.cluster
-        blind = False  # whether Spark shows this session's waiting work (not on Connect)
+        # Connect shows a client only its own queries' waiting tasks, never
+        # other clients': there the cluster also idles no longer than
+        # BLIND_KEEP_WARM_S.
+        blind = is_connect(cluster.spark)
         while not held.gone.wait(_REAP_EVERY_S):
             with self._lock:
                 if self._held is not held:
                     return
                 runs = held.runs
             waiting: int | None = 0
-            if not runs and not spark_side.is_stopped(cluster.spark):
+            # A DataFrame handoff's own Spark job waits for slots too: the
+            # cluster it hands data to must not make room for it.
+            if not runs and not process_ray().handing_off() and not spark_side.is_stopped(cluster.spark):
                 try:
                     waiting = spark_side.waiting_tasks(cluster.spark, cluster.job_group)
-                    blind = waiting is None
                 except Exception as e:  # noqa: BLE001 - the SparkContext is stopping under us
                     log.debug("reading Spark's status tracker: %s", e)
             with self._lock:
@@ -409,6 +416,23 @@ class TrainingSession:
                                        if blind else self._keep_warm_s)
             if step is IdleStep.RETIRE:
                 self._retire(held, why)
+            elif step is IdleStep.SHRINK:
+                self._shrink(held, why)
+
+    def _shrink(self, held: _Held, why: str) -> None:
+        """Give back the slots of ``held``'s worker nodes, keeping its head
+        (on the driver: it holds no slot), its GCS and this process's
+        connection, unless a run took it meanwhile. The warm run on those
+        nodes ends first; the next run grows the cluster again."""
+        with self._lifecycle:
+            with self._lock:
+                if self._held is not held or held.runs or not held.shape.workers:
+                    return
+                workers, held.shape = held.shape.workers, dataclasses.replace(held.shape, workers=0)
+                held.spark_waiting_since = None
+            log.info("session cluster %s gives back its %d worker nodes' slots: %s", held.cluster.name, workers, why)
+            self.resident.let_go(held.cluster.address)
+            held.cluster.resize(workers=0)
 
     def _retire(self, held: _Held, why: str, *, force: bool = False) -> None:
         """Tear ``held`` down unless a run took it meanwhile (``force``: even

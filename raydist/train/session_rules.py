@@ -11,10 +11,15 @@ Two rules carry the session's promises:
   current one to end (a bigger count of the same workers grows it in place,
   without waiting), and runs that come meanwhile queue behind it, so it is
   not kept waiting by a stream of runs that fit;
-- an idle cluster goes when it has idled ``keep_warm_s``, when Spark work has
-  waited for its slots ``yield_after_s``, or at once when it can no longer
-  run (its SparkSession stopped, or it failed); a cluster with runs on it
-  stays, even a failing one, until they end.
+- an idle cluster goes when it has idled ``keep_warm_s``, or at once when it
+  can no longer run (its SparkSession stopped, or it failed); a cluster with
+  runs on it stays, even a failing one, until they end;
+- when Spark work has waited ``yield_after_s`` for the slots of an idle
+  cluster, it gives them back at once, and keeps what holds none: a head on
+  the driver (a classic session) stays, with its GCS and this process's
+  connection, and only the worker nodes go (*shrink*), so the next run starts
+  worker nodes, not a cluster. A head in a Spark task of its own (Connect)
+  holds a slot itself: that cluster goes whole.
 """
 
 from __future__ import annotations
@@ -92,6 +97,7 @@ class Observed:
     idle_s: float  # since the last run on it ended (0 while runs use it)
     spark_waiting_s: float  # how long other Spark tasks have waited for slots (0: none wait)
     replacement_waiting: bool = False  # a run waits for the runs on it to end, to replace it
+    head_holds_slot: bool = True  # the head rides a Spark task (Connect), not the driver
 
 
 class RunStep(enum.Enum):
@@ -110,10 +116,12 @@ class IdleStep(enum.Enum):
 
     KEEP = "keep"
     RETIRE = "retire"
+    SHRINK = "shrink"  # give the worker nodes' slots back; the head (holding none) stays
 
 
 def for_run(current: Observed | None, want: Shape) -> tuple[RunStep, Shape]:
-    """The next step for a run that wants ``want``, and the shape to start or grow to."""
+    """The next step for a run that wants ``want``, and the shape to start or
+    grow to (a shrunk cluster, of no worker nodes, grows)."""
     if current is None:
         return RunStep.START, want
     if not current.usable:
@@ -140,5 +148,8 @@ def while_idle(current: Observed, keep_warm_s: float, yield_after_s: float = YIE
     if current.idle_s >= keep_warm_s:
         return IdleStep.RETIRE, f"idle for {keep_warm_s:g} s"
     if current.spark_waiting_s >= yield_after_s:
-        return IdleStep.RETIRE, "other Spark jobs wait for the slots it holds"
+        if current.head_holds_slot:
+            return IdleStep.RETIRE, "other Spark jobs wait for the slots it holds"
+        if current.shape.workers:
+            return IdleStep.SHRINK, "other Spark jobs wait for its worker nodes' slots (its head holds none)"
     return IdleStep.KEEP, ""

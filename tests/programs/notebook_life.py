@@ -148,6 +148,16 @@ def session_cluster():
     return cluster.name if cluster is not None else None
 
 
+def session_workers():
+    """The session cluster's worker nodes up now (None: no session cluster)."""
+    if ORIGINAL:
+        return None
+    from raydist.train.session import training_session
+
+    cluster = training_session().cluster
+    return cluster.status().ready_workers if cluster is not None else None
+
+
 def watch_disconnects(out: dict) -> None:
     """Note, at each end of this process's Ray connection, raydist's threads
     still waiting in Ray: Ray frees its core worker under them (SIGSEGV)."""
@@ -186,6 +196,7 @@ out["spark_job"], out["spark_job_s"] = timed(
     lambda: spark.sparkContext.parallelize(range(slots), slots).map(lambda i: i * i).sum())
 out["connected_after_spark_job"] = connected()
 out["cluster_after_spark_job"] = session_cluster()
+out["workers_after_spark_job"] = session_workers()
 
 # 2. Other work for longer than Ray waits for a lost GCS, then train again.
 end = time.monotonic() + OTHER_WORK_S
@@ -195,6 +206,7 @@ while time.monotonic() < end:
     time.sleep(2)
 out["other_work_rows"] = rows > 0
 out["run2"], out["run2_s"] = timed(distributor.run, train, 0.1)
+out["cluster_run2"] = session_cluster()
 
 if not ORIGINAL:
     # 3. Idle past keep_warm_s: the session cluster goes by itself; the next run starts another.
