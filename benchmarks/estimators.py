@@ -28,10 +28,10 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
+
+from _clients import run_client
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
@@ -83,14 +83,7 @@ def child(mode: str, impl: str, url: str) -> dict:
 
 
 def _run_child(mode: str, impl: str, url: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH", "SPARK_REMOTE"))}
-    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-    proc = subprocess.run([sys.executable, __file__, "--child", mode, "--impl", impl, "--url", url],
-                          env=env, capture_output=True, text=True, timeout=900)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{mode}/{impl} failed ({proc.returncode}): {proc.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return run_client(__file__, mode, impl, url)
 
 
 def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
