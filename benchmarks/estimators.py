@@ -16,7 +16,11 @@ Last line (one line)::
 
   mlc_fit_ratio=<raydist/pyspark> mlc_sweep_ratio=<raydist/pyspark> hvd_data_ratio=<...> same_result=<true|false>
 
-``same_result``: every fit's weights agree between the two (float tolerance).
+``same_result``: every fit's weights agree between the two to 1e-5, or to
+no less than pyspark's fits of the same data in the two rounds agree with
+each other (a round-robin ``repartition`` deals rows to the training
+partitions in the order shuffle blocks arrive, so pyspark's own weights
+move between runs; the summary line prints both differences).
 
 Run: make bench-estimators
 """
@@ -123,10 +127,13 @@ def main() -> int:
     fit_ratio = med(fit["raydist"]) / med(fit["pyspark"])
     sweep_ratio = med(sweep["raydist"]) / med(sweep["pyspark"])
     diff = _max_diff(weights["raydist"], weights["pyspark"])
-    same = diff <= 1e-5
+    half = len(weights["pyspark"]) // 2  # each round's fits, in the same order
+    own = _max_diff(weights["pyspark"][:half], weights["pyspark"][half:]) if args.rounds >= 2 else 0.0
+    same = diff <= max(1e-5, own)
     print(f"fit median: raydist {med(fit['raydist']):.1f} s, pyspark {med(fit['pyspark']):.1f} s; "
           f"sweep of {len(SWEEP_LRS)} median: raydist {med(sweep['raydist']):.1f} s, "
-          f"pyspark {med(sweep['pyspark']):.1f} s; largest weight difference {diff:.2e}")
+          f"pyspark {med(sweep['pyspark']):.1f} s; largest weight difference raydist-pyspark {diff:.2e}, "
+          f"pyspark between its rounds {own:.2e}")
     print(f"mlc_fit_ratio={fit_ratio:.3f} mlc_sweep_ratio={sweep_ratio:.3f} hvd_data_ratio=n/a "
           f"same_result={'true' if same else 'false'}")
     return 0
