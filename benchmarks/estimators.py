@@ -69,7 +69,9 @@ def child(mode: str, impl: str, url: str) -> dict:
         for _ in range(ROWS):
             x = [rng.uniform(-2, 2) for _ in range(4)]
             rows.append((1 if x[0] - x[1] + 0.5 * x[2] > 0 else 0, x))
-        df = spark.createDataFrame(rows, ["label", "features"])
+        # One input partition, so each training partition's row order (and
+        # the weights) does not follow the order shuffle blocks arrive in.
+        df = spark.createDataFrame(rows, ["label", "features"]).coalesce(1)
         times, weights = [], []
         for lr in (FIT_LR,) if mode == "fit" else SWEEP_LRS:
             t = time.monotonic()

@@ -66,16 +66,33 @@ def test_the_engine_sees_a_connect_session_as_spark(connect_server, no_leftover_
         t0 = time.monotonic()
         side.cancel(tag="t2")
         t.join(60)
+        cancel_s = time.monotonic() - t0
+        # Waiting work: nodes' tasks (raydist's threads) hold every slot; the
+        # user's own job waits, and only it counts, from its progress reports.
+        from raydist.engine.threads import spawn
+        hog = spawn(lambda: side.run_tasks(lambda: __import__("time").sleep(12) or "", 3, group="g3",
+                                           profile=profile), name="hog")
+        time.sleep(2)
+        user = threading.Thread(target=lambda: spark.range(2, numPartitions=2).collect())
+        user.start()
+        waiting, deadline = [], time.monotonic() + 8
+        while time.monotonic() < deadline and not any(waiting):
+            waiting.append(side.waiting_tasks("g3"))
+            time.sleep(0.2)
+        hog.join(30)
+        user.join(30)
         print(json.dumps({"kind": side.kind, "executors": cap.executors, "cores": cap.cores_per_executor,
                           "active": spark_side.active_session() is spark, "said": said,
-                          "cancelled": ended.get("how"), "cancel_s": time.monotonic() - t0,
-                          "waiting": side.waiting_tasks("g")}))
+                          "cancelled": ended.get("how"), "cancel_s": cancel_s,
+                          "waiting": waiting[-1], "waiting_after": side.waiting_tasks("g3")}))
     """)
     assert seen["kind"] == "connect" and seen["active"]
     assert (seen["executors"], seen["cores"]) == (3, 1)
     assert seen["said"] == ["ran", "ran"]
     assert seen["cancelled"] not in (None, "finished"), seen  # a tag's cancel ends its running job
-    assert seen["waiting"] is None  # Connect shows no scheduler state: the session cluster falls back
+    # Connect shows a client no scheduler state: it counts its own queries'
+    # tasks not started, from their progress reports, and not the nodes' own.
+    assert seen["waiting"] == 2 and seen["waiting_after"] == 0, seen
 
 
 def test_up_on_a_connect_session_runs_ray_and_gives_spark_back(connect_server, no_leftover_ray, tmp_path) -> None:

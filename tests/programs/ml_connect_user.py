@@ -54,7 +54,11 @@ rows = []
 for _ in range(64):
     x0, x1 = rng.uniform(-3, 3), rng.uniform(-3, 3)
     rows.append((1 if x0 + 0.5 * x1 > 0 else 0, [x0, x1]))
-train = spark.createDataFrame(rows, ["label", "features"])
+# One input partition: LogisticRegression deals the rows round-robin to its
+# training partitions, and from several map outputs each partition's row
+# order would follow the order shuffle blocks arrive in, so that pyspark's
+# own weights would move between runs.
+train = spark.createDataFrame(rows, ["label", "features"]).coalesce(1)
 test = spark.createDataFrame([(1, [2.0, 1.0]), (0, [-2.0, -1.0]), (1, [0.5, 0.2])], ["label", "features"])
 
 t0 = time.monotonic()
