@@ -12,7 +12,6 @@ with plain ``python`` works, as under Horovod without ``horovodrun``.
 from __future__ import annotations
 
 import os
-import socket
 from typing import Any
 
 __all__ = [
@@ -77,9 +76,9 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         # Run on its own (no runner): a job of one, as Horovod is without horovodrun.
         env.setdefault("MASTER_ADDR", "127.0.0.1")
         if "MASTER_PORT" not in env:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                env["MASTER_PORT"] = str(s.getsockname()[1])
+            from raydist.engine.ports import free_port
+
+            env["MASTER_PORT"] = str(free_port("127.0.0.1"))  # outside Ray's worker ports, as every port we pick
         env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend=backend, init_method="env://")
