@@ -14,9 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from raydist.engine.procs import ray_processes, wait_no_ray_processes
+from raydist.engine.procs import SCOPE_VARIABLE, ray_processes, wait_no_ray_processes
 
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+# Every process this run starts (Spark's executors, Ray, the programs) inherits
+# this; the leftover checks count only those, so two runs on one host (the
+# integration tier's pytest-xdist workers) never count each other's.
+os.environ[SCOPE_VARIABLE] = f"pytest-{os.getpid()}"
 os.environ.setdefault("RAYDIST_HOME", tempfile.mkdtemp(prefix="raydist-test-home-"))
 
 RESOURCES = Path(__file__).parent / "resources"

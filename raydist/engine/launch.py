@@ -25,6 +25,7 @@ import psutil
 
 from raydist.engine.linkauth import relay_key
 from raydist.engine.ports import preferred_or_free_port
+from raydist.engine.procs import SCOPE_VARIABLE
 from raydist.engine.reaper import KILL_GRACE_S
 from raydist.engine.relay import LinkRelay
 from raydist.engine.sizing import memory_limit, node_size, visible_gpus
@@ -222,7 +223,7 @@ def node_argv(plan: NodePlan, *, cpus: int, gpus: int, memory: int, object_store
 #: own (its token, its home, cloud credentials, whatever else it was given).
 _HEAD_ENV_KEEP = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR",
                             "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH",
-                            "JAVA_HOME", "RAY_USAGE_STATS_ENABLED"})
+                            "JAVA_HOME", "RAY_USAGE_STATS_ENABLED", SCOPE_VARIABLE})
 _HEAD_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import psutil
@@ -22,8 +23,26 @@ RAY_MARKERS = (
 )
 
 
+#: When set, only processes started under the same value of this variable
+#: count as this caller's: two runs on one host (pytest-xdist's workers) then
+#: each check their own leftovers, not each other's. Children inherit it
+#: through Spark's executors, Ray's raylets and every subprocess.
+SCOPE_VARIABLE = "RAYDIST_PROCESS_SCOPE"
+
+
+def _in_scope(proc: psutil.Process, scope: str | None) -> bool:
+    if scope is None:
+        return True
+    try:
+        return proc.environ().get(SCOPE_VARIABLE) == scope
+    except psutil.Error:  # gone, or another user's
+        return False
+
+
 def ray_processes() -> list[psutil.Process]:
-    """Live Ray processes on this host (zombies excluded)."""
+    """Live Ray processes on this host (zombies excluded), within this
+    process's scope (``RAYDIST_PROCESS_SCOPE``) when it has one."""
+    scope = os.environ.get(SCOPE_VARIABLE)
     found = []
     for proc in psutil.process_iter(["cmdline", "name", "status"]):
         try:
@@ -32,7 +51,7 @@ def ray_processes() -> list[psutil.Process]:
             text = " ".join(proc.info["cmdline"] or ()) or (proc.info["name"] or "")
         except psutil.Error:
             continue
-        if any(m in text for m in RAY_MARKERS):
+        if any(m in text for m in RAY_MARKERS) and _in_scope(proc, scope):
             found.append(proc)
     return found
 
@@ -51,12 +70,13 @@ def wait_no_ray_processes(timeout: float = 20.0, ignore: set[int] | None = None)
 def wait_processes_gone(marker: str, deadline: float) -> list[psutil.Process]:
     """Wait (until ``deadline``, a ``time.monotonic()`` value) until no process
     on this host has ``marker`` in its command line; return those left."""
+    scope = os.environ.get(SCOPE_VARIABLE)
     while True:
         left = []
         for proc in psutil.process_iter(["cmdline", "status"]):
             try:
                 if proc.info["status"] != psutil.STATUS_ZOMBIE and any(
-                        marker in part for part in proc.info["cmdline"] or ()):
+                        marker in part for part in proc.info["cmdline"] or ()) and _in_scope(proc, scope):
                     left.append(proc)
             except psutil.Error:
                 continue
