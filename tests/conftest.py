@@ -18,10 +18,12 @@ from raydist.engine.procs import SCOPE_VARIABLE, ray_processes, wait_no_ray_proc
 
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 # Every process this run starts (Spark's executors, Ray, the programs) inherits
-# this; the leftover checks count only those, so two runs on one host (the
-# integration tier's pytest-xdist workers) never count each other's.
+# this; the leftover checks count only those, so two suites on one host never
+# count each other's.
 os.environ[SCOPE_VARIABLE] = f"pytest-{os.getpid()}"
-os.environ.setdefault("RAYDIST_HOME", tempfile.mkdtemp(prefix="raydist-test-home-"))
+# Each run its own home, never the user's: a control token, a state database,
+# a session registry each.
+os.environ["RAYDIST_HOME"] = tempfile.mkdtemp(prefix="raydist-test-home-")
 
 RESOURCES = Path(__file__).parent / "resources"
 
