@@ -13,6 +13,9 @@ from raydist.control.client import Client
 
 #: The Spark target of test servers unless a test names another.
 MASTER = "local-cluster[2,1,1024]"
+#: The Spark target of a server whose test starts no Ray cluster (auth, TLS,
+#: its own life): one JVM where MASTER starts three.
+NO_CLUSTERS = "local[1]"
 
 
 class Server:

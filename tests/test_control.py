@@ -22,7 +22,7 @@ from raydist.engine.ports import free_port
 from raydist.engine.procs import ray_processes, wait_no_ray_processes
 from raydist.errors import RPCError
 from raydist.spec import ClusterSpec
-from tests.control_server import Server
+from tests.control_server import NO_CLUSTERS, Server
 from tests.probe import run_client_py, run_py
 
 pytestmark = pytest.mark.integration
@@ -346,14 +346,14 @@ def test_a_cluster_that_asks_to_come_back_survives_a_rolling_restart(tmp_path: P
 
 
 def test_an_idle_control_plane_stops_itself_and_serve_stop_stops_one(tmp_path: Path) -> None:
-    idle = Server(tmp_path / "idle", free_port(), extra=["--idle-stop-s", "2"])
+    idle = Server(tmp_path / "idle", free_port(), extra=["--idle-stop-s", "2"], master=NO_CLUSTERS)
     (tmp_path / "idle").mkdir()
     idle.start()
     try:
         assert idle.proc.wait(timeout=120) == 0  # no cluster for 2 s: it stopped by itself
     finally:
         idle.stop()
-    busy = Server(tmp_path / "busy", free_port())
+    busy = Server(tmp_path / "busy", free_port(), master=NO_CLUSTERS)
     (tmp_path / "busy").mkdir()
     busy.start()
     try:
@@ -399,7 +399,7 @@ def test_token_over_tls(tmp_path: Path) -> None:
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
                     "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
                    check=True, capture_output=True)
-    srv = Server(tmp_path, free_port(), ["--tls-cert", str(cert), "--tls-key", str(key)]).start()
+    srv = Server(tmp_path, free_port(), ["--tls-cert", str(cert), "--tls-key", str(key)], master=NO_CLUSTERS).start()
     try:
         assert srv.client(tls_ca=str(cert)).list() == []
         with pytest.raises(RPCError) as wrong:

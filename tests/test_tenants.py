@@ -24,7 +24,7 @@ from raydist.control.tenants import Tenants
 from raydist.engine.ports import free_port
 from raydist.engine.procs import ray_processes, wait_no_ray_processes
 from raydist.errors import RPCError, SpecError
-from tests.control_server import Server
+from tests.control_server import NO_CLUSTERS, Server
 
 pytestmark = pytest.mark.integration
 
@@ -197,7 +197,7 @@ def test_an_mtls_certificate_names_its_tenant(tmp_path: Path) -> None:
     config = tmp_path / "raydist.toml"
     config.write_text(f'[server]\ntls_cert = "{server_cert}"\ntls_key = "{server_key}"\ntls_client_ca = "{ca[0]}"\n'
                       '[tenants.team-b]\nsubject = "CN=team-b"\n[ray]\nhead = "executor"\n')
-    srv = Server(tmp_path, free_port(), ["--config", str(config)]).start()
+    srv = Server(tmp_path, free_port(), ["--config", str(config)], master=NO_CLUSTERS).start()
     try:
         def client(cert: Path, key: Path, token: str | None) -> Client:
             return Client(srv.address, token=token, tls_ca=str(ca[0]), tls_cert=str(cert), tls_key=str(key),
@@ -216,7 +216,7 @@ def test_an_mtls_certificate_names_its_tenant(tmp_path: Path) -> None:
 
 def test_the_control_token_leaves_no_trace_in_the_servers_environment(tmp_path: Path) -> None:
     token = "deployment-" + os.urandom(16).hex()
-    srv = Server(tmp_path, free_port())
+    srv = Server(tmp_path, free_port(), master=NO_CLUSTERS)
     srv.env["RAYDIST_TOKEN"] = token  # as the Kubernetes Deployment hands it over
     srv.start()
     try:
