@@ -5,7 +5,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # Tools spawned by name (`ray`, used by ray.util.spark) must come from .venv.
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: venv demo test test-unit test-component test-integration bench-startup bench-startup-standalone bench-training bench-chaos bench-scaling bench-connect bench-estimators bench-horovod bench-scale bench-gpu refresh-originals lint
+.PHONY: venv demo test test-unit test-component test-integration bench-startup bench-startup-standalone bench-training bench-chaos bench-scaling bench-connect bench-estimators bench-horovod bench-scale bench-gpu bench-suite-jvm refresh-originals lint
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -60,6 +60,10 @@ bench-scale: venv
 ## GPU runs against pyspark's; says why and exits 0 where there is no GPU.
 bench-gpu: venv
 	$(PY) benchmarks/gpu.py
+
+## CPU of one Spark start with the JVM's defaults and with the suite's options (tests/jvm.py).
+bench-suite-jvm: venv
+	$(PY) benchmarks/suite_jvm.py
 
 ## Record what pyspark's own classes give the programs the tests compare with (tests/originals.json).
 refresh-originals: venv

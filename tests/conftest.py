@@ -15,16 +15,13 @@ from pathlib import Path
 import pytest
 
 from raydist.engine.procs import SCOPE_VARIABLE, ray_processes, wait_no_ray_processes
+from tests.jvm import with_short_lived_jvms
 
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-# Every JVM the suite starts (each Spark application's driver and executors,
-# the Connect servers, `raydist serve`'s Spark) lives seconds to minutes and
-# runs tiny jobs: C2's compiler and the parallel GC's threads are CPU the
-# tests never get back. With C1 only and the serial GC a local-cluster start
-# and a job took 30 CPU-seconds instead of 50-56 here (tests/README.md).
-# Spark is the same Spark; only how its bytecode is compiled changes.
-os.environ["JAVA_TOOL_OPTIONS"] = " ".join(
-    filter(None, (os.environ.get("JAVA_TOOL_OPTIONS"), "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")))
+# Every JVM the suite starts (Spark's drivers and executors, the Connect
+# servers, `raydist serve`'s Spark) runs C1 only with the serial GC: the same
+# Spark for about 40% less CPU on this CPU-bound machine (tests/jvm.py).
+os.environ["JAVA_TOOL_OPTIONS"] = with_short_lived_jvms(os.environ.get("JAVA_TOOL_OPTIONS"))
 # Every process this run starts (Spark's executors, Ray, the programs) inherits
 # this; the leftover checks count only those, so two suites on one host never
 # count each other's.

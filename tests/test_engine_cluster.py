@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -19,9 +20,28 @@ from tests.probe import run_py as _run_py
 pytestmark = pytest.mark.integration
 
 
-def test_two_workers_run_tasks_and_leave_nothing(spark, no_leftover_ray) -> None:
+@pytest.fixture(scope="class")
+def cluster(spark) -> Iterator[object]:
+    """One cluster for the tests that only read it (TestOneCluster): two
+    workers of one CPU and one GPU each, with a dashboard. Its teardown is
+    checked as the user would: DELETED, and none of its processes left."""
     before = {p.pid for p in ray_processes()}
-    with raydist.up(spark, name="two", workers=2, cpus_per_worker=1, dashboard=True) as cluster:
+    with raydist.up(spark, name="two", workers=2, cpus_per_worker=1, gpus_per_worker=1, dashboard=True) as c:
+        yield c
+        marker = c.address
+    assert c.status().state == State.DELETED
+    assert not [p for p in ray_processes() if marker in " ".join(p.cmdline())]
+    ours = f"raydist-{c._uid}"  # this cluster's processes: its nodes' temp dirs name it, supervisors included
+    # At once: down() waited for them, supervisors too.
+    left = [p for p in ray_processes() if p.pid not in before and ours in " ".join(p.cmdline())]
+    assert not left, [" ".join(p.cmdline()[:4]) for p in left]
+
+
+class TestOneCluster:
+    """What a user reads off one running cluster; one start for all of it
+    (a cluster start is the costly part: tests/README.md)."""
+
+    def test_two_workers_run_tasks(self, cluster) -> None:
         status = cluster.status()
         assert status.state == State.RUNNING
         assert (status.ready_workers, status.desired_workers) == (2, 2)
@@ -45,17 +65,8 @@ def test_two_workers_run_tasks_and_leave_nothing(spark, no_leftover_ray) -> None
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert proc.stdout.strip().splitlines()[-1] == "42"
-        marker = cluster.address
-    assert cluster.status().state == State.DELETED
-    assert not [p for p in ray_processes() if marker in " ".join(p.cmdline())]
-    ours = f"raydist-{cluster._uid}"  # this cluster's processes: its nodes' temp dirs name it, supervisors included
-    # At once: down() waited for them, supervisors too.
-    left = [p for p in ray_processes() if p.pid not in before and ours in " ".join(p.cmdline())]
-    assert not left, [" ".join(p.cmdline()[:4]) for p in left]
 
-
-def test_gpus_are_mapped_disjointly(spark, no_leftover_ray) -> None:
-    with raydist.up(spark, name="gpus", workers=2, cpus_per_worker=1, gpus_per_worker=1) as cluster:
+    def test_gpus_are_mapped_disjointly(self, cluster) -> None:
         info = _node_tasks(cluster)
         workers = [n for n in info["nodes"] if n["res"].get("CPU")]
         assert [n["res"].get("GPU") for n in workers] == [1.0, 1.0]
@@ -63,6 +74,26 @@ def test_gpus_are_mapped_disjointly(spark, no_leftover_ray) -> None:
         assert len(seen) == 2 and all(seen) and len(set(seen)) == 2, seen
         by_status = {n.key: n.gpu_ids for n in cluster.status().nodes if n.key != "head"}
         assert sorted(ids[0] for ids in by_status.values()) == sorted(seen)
+
+    def test_client_without_token_is_refused(self, cluster, tmp_path) -> None:
+        probe = f"""
+            from ray._raylet import GcsClient
+            try:
+                GcsClient(address="{cluster.address}").get_all_node_info(timeout=5)
+                print("ALLOWED")
+            except Exception as exc:
+                print("REFUSED", type(exc).__name__, exc)
+        """
+        # HOME elsewhere so no ~/.ray/auth_token is picked up.
+        refused = _run_py(probe, {"HOME": str(tmp_path), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64})
+        assert "REFUSED" in refused.stdout and "uthenticat" in refused.stdout, refused.stdout + refused.stderr
+        none = _run_py(probe, {"HOME": str(tmp_path)})
+        assert "ALLOWED" not in none.stdout, none.stdout
+        allowed = _run_py(probe, {k: v for k, v in cluster.env().items() if k != "RAY_ADDRESS"})
+        assert "ALLOWED" in allowed.stdout, allowed.stdout + allowed.stderr
+        token = cluster.token.reveal()
+        assert token not in repr(cluster) and token not in repr(cluster.status())
+        assert token not in " ".join(m for _, m in cluster.events())
 
 
 def test_two_clusters_at_once_torn_down_independently(spark, no_leftover_ray) -> None:
@@ -134,28 +165,6 @@ def test_a_sigkilled_supervisor_takes_its_node_along_and_the_node_heals(spark, n
         assert not [p.name() for p in node_tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert cluster.wait_for_workers(2, timeout=120), cluster.events()
         assert len(_node_tasks(cluster)["tasks"]) == 2
-
-
-def test_client_without_token_is_refused(spark, no_leftover_ray, tmp_path) -> None:
-    with raydist.up(spark, name="auth", workers=1, cpus_per_worker=1) as cluster:
-        probe = f"""
-            from ray._raylet import GcsClient
-            try:
-                GcsClient(address="{cluster.address}").get_all_node_info(timeout=5)
-                print("ALLOWED")
-            except Exception as exc:
-                print("REFUSED", type(exc).__name__, exc)
-        """
-        # HOME elsewhere so no ~/.ray/auth_token is picked up.
-        refused = _run_py(probe, {"HOME": str(tmp_path), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64})
-        assert "REFUSED" in refused.stdout and "uthenticat" in refused.stdout, refused.stdout + refused.stderr
-        none = _run_py(probe, {"HOME": str(tmp_path)})
-        assert "ALLOWED" not in none.stdout, none.stdout
-        allowed = _run_py(probe, {k: v for k, v in cluster.env().items() if k != "RAY_ADDRESS"})
-        assert "ALLOWED" in allowed.stdout, allowed.stdout + allowed.stderr
-        token = cluster.token.reveal()
-        assert token not in repr(cluster) and token not in repr(cluster.status())
-        assert token not in " ".join(m for _, m in cluster.events())
 
 
 def test_more_workers_than_spark_can_ever_fit_fails_fast(spark, no_leftover_ray) -> None:
