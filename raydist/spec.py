@@ -113,6 +113,20 @@ def format_size(n: int | None) -> str:
     return f"{n}B"
 
 
+#: Why a string with a lone surrogate (what Python makes of bytes that are not
+#: UTF-8, say from os.environb) is refused: the proto, the store and every
+#: process's environment carry UTF-8 text.
+_NOT_UTF8 = "text must be valid Unicode that UTF-8 can carry (no lone surrogates); decode the bytes first"
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _frozen_str_map(
     field_name: str, value: Mapping[str, Any] | None, key_re: re.Pattern[str] | None = None
 ) -> Mapping[str, str]:
@@ -124,6 +138,8 @@ def _frozen_str_map(
     for k, v in value.items():
         if not isinstance(k, str) or (key_re is not None and not key_re.fullmatch(k)):
             raise SpecError(f"{field_name}[{k!r}]", k, f"keys must match {key_re.pattern if key_re else 'a string'}")
+        if not _utf8(k):
+            raise SpecError(f"{field_name}[{k!r}]", k, _NOT_UTF8)
         if isinstance(v, bool):
             v = "true" if v else "false"
         if not isinstance(v, (str, int, float)):
@@ -131,6 +147,8 @@ def _frozen_str_map(
         sv = str(v)
         if "\x00" in sv:
             raise SpecError(f"{field_name}[{k!r}]", sv[:40], "values cannot hold NUL bytes")
+        if not _utf8(sv):
+            raise SpecError(f"{field_name}[{k!r}]", sv[:40], _NOT_UTF8)
         if len(sv) > MAX_VALUE_LEN:
             raise SpecError(f"{field_name}[{k!r}]", sv[:40] + "...", f"values are at most {MAX_VALUE_LEN} characters")
         out[k] = sv

@@ -12,6 +12,9 @@ from raydist.errors import SpecError
 from raydist.spec import MANAGED_RAY_OPTIONS, ClusterSpec, parse_size
 from tests.spec_oracle import MIB, name_ok, spec_errors
 
+#: Text a spec may hold: no NUL, no lone surrogate (both refused, tested below).
+_UTF8_CHARS = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")
+
 pytestmark = pytest.mark.unit
 
 DNS = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
@@ -146,7 +149,7 @@ def test_repr_hides_env_values_and_defaults() -> None:
     cpus=st.one_of(st.none(), st.integers(1, 64)),
     gpus=st.sampled_from([0, 0.25, 0.5, 1, 2]),
     conf=st.dictionaries(st.from_regex(r"\Aspark\.[a-z]{1,10}\Z"),
-                         st.text(st.characters(blacklist_characters="\x00"), max_size=20), max_size=3),
+                         st.text(_UTF8_CHARS, max_size=20), max_size=3),
 )
 def test_dict_round_trip(name: str, workers: int, cpus: int | None, gpus: float, conf: dict[str, str]) -> None:
     spec = ClusterSpec(name=name, workers=workers, cpus_per_worker=cpus, gpus_per_worker=gpus, spark_conf=conf)
@@ -172,11 +175,24 @@ def test_a_trailing_newline_is_not_a_valid_name_or_key(field: str, value: object
 @pytest.mark.parametrize(
     "env, why",
     [({"LD_PRELOAD": "/tmp/x.so"}, "dynamic loader"), ({"LD_AUDIT": "x"}, "dynamic loader"),
-     ({"PATH": "a\x00b"}, "NUL")],
+     ({"PATH": "a\x00b"}, "NUL"), ({"PATH": "a\ud800b"}, "UTF-8")],
 )
 def test_env_that_would_run_code_or_break_exec_is_refused(env: dict, why: str) -> None:
     with pytest.raises(SpecError, match=why):
         ClusterSpec(name="demo", env=env)
+
+
+@pytest.mark.parametrize("field", ["spark_conf", "ray_start_options", "env"])
+def test_text_utf8_cannot_carry_is_refused_naming_the_field(field: str) -> None:
+    # A lone surrogate is what Python makes of bytes that are not UTF-8 (os.environb,
+    # surrogateescape): the proto and every process's environment would fail on it later.
+    key = {"spark_conf": "spark.x", "ray_start_options": "resources", "env": "A"}[field]
+    with pytest.raises(SpecError, match=rf"{field}.*UTF-8") as err:
+        ClusterSpec(name="demo", **{field: {key: "bad\udcff"}})
+    str(err.value).encode("utf-8", "backslashreplace")  # the message itself prints
+    if field == "spark_conf":
+        with pytest.raises(SpecError, match="UTF-8"):
+            ClusterSpec(name="demo", spark_conf={"spark.\ud800": "1"})
 
 
 def test_spec_proto_round_trip() -> None:
@@ -190,7 +206,7 @@ def test_spec_proto_round_trip() -> None:
         workers=st.integers(0, 100), cpus=st.one_of(st.none(), st.integers(1, 64)),
         gpus=st.sampled_from([0.0, 0.5, 1.0, 2.0]), mem=st.one_of(st.none(), st.integers(64 << 20, 1 << 40)),
         env=st.dictionaries(st.from_regex(r"\A[A-Z][A-Z0-9_]{0,8}\Z"),
-                            st.text(st.characters(blacklist_characters="\x00"), max_size=10), max_size=3),
+                            st.text(_UTF8_CHARS, max_size=10), max_size=3),
         heal=st.booleans(), dashboard=st.booleans(),
     )
     def check(workers: int, cpus: int | None, gpus: float, mem: int | None, env: dict[str, str], heal: bool,
