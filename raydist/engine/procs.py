@@ -24,7 +24,7 @@ RAY_MARKERS = (
 
 
 #: When set, only processes started under the same value of this variable
-#: count as this caller's: two runs on one host (pytest-xdist's workers) then
+#: count as this caller's: two runs on one host (two test suites at once) then
 #: each check their own leftovers, not each other's. Children inherit it
 #: through Spark's executors, Ray's raylets and every subprocess.
 SCOPE_VARIABLE = "RAYDIST_PROCESS_SCOPE"
