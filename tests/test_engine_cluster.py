@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 import raydist
-from raydist.engine.procs import ray_processes
+from raydist.engine.procs import ray_processes, wait_no_ray_processes
 from raydist.errors import CapacityError, ClusterFailedError, NodeStartTimeoutError
 from raydist.spec import State
 from tests.probe import node_tasks as _node_tasks
@@ -35,6 +35,8 @@ def cluster(spark) -> Iterator[object]:
     # At once: down() waited for them, supervisors too.
     left = [p for p in ray_processes() if p.pid not in before and ours in " ".join(p.cmdline())]
     assert not left, [" ".join(p.cmdline()[:4]) for p in left]
+    # And nothing else the tests started (no_leftover_ray's check, once for the class).
+    assert not wait_no_ray_processes(ignore=before)
 
 
 class TestOneCluster:

@@ -189,7 +189,8 @@ def test_text_utf8_cannot_carry_is_refused_naming_the_field(field: str) -> None:
     key = {"spark_conf": "spark.x", "ray_start_options": "resources", "env": "A"}[field]
     with pytest.raises(SpecError, match=rf"{field}.*UTF-8") as err:
         ClusterSpec(name="demo", **{field: {key: "bad\udcff"}})
-    str(err.value).encode("utf-8", "backslashreplace")  # the message itself prints
+    assert "\\udcff" in str(err.value)  # named, escaped: the message itself is text a terminal prints
+    str(err.value).encode("utf-8")  # strict: raises if the bad text reached the message as it was
     if field == "spark_conf":
         with pytest.raises(SpecError, match="UTF-8"):
             ClusterSpec(name="demo", spark_conf={"spark.\ud800": "1"})
