@@ -50,17 +50,34 @@ class TensorflowTrainer(Facade):
     Args:
         legacy_keras: run workers with Keras 2 (``tf-keras``); see the module
             docstring for why this is the default.
+        tensorflow_config: a Ray Train backend config to use instead of
+            raydist's (which sets ``TF_CONFIG`` as Ray's ``TensorflowConfig``
+            does, without importing TensorFlow outside the workers).
         Other arguments as :class:`raydist.train.TorchTrainer`.
     """
 
     def __init__(self, train_fn: Callable[..., Any], *, legacy_keras: bool = True, **kwargs: Any) -> None:
+        backend = kwargs.pop("tensorflow_config", None)  # the name Ray's TensorflowTrainer gives it
+        if backend is not None:
+            kwargs["backend_config"] = backend
         super().__init__(train_fn, **kwargs)
         self.legacy_keras = legacy_keras
 
     def _ray_trainer_class(self) -> Any:
-        from ray.train.tensorflow import TensorflowTrainer as RayTensorflowTrainer
+        # Ray Train's DataParallelTrainer with raydist's TfConfig, which is what
+        # ray.train.tensorflow.TensorflowTrainer is, less the TensorFlow import
+        # its package does in this process and in every run's TrainController
+        # (raydist.train._tf_backend says why that matters).
+        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-        return RayTensorflowTrainer
+        return DataParallelTrainer
+
+    def _extra_kwargs(self) -> dict[str, Any]:
+        if "backend_config" in self.trainer_kwargs:
+            return {}
+        from raydist.train._tf_backend import TfConfig
+
+        return {"backend_config": TfConfig()}
 
     def _worker_fn(self) -> Callable[..., Any]:
         return _with_keras2(self.train_fn) if self.legacy_keras else self.train_fn

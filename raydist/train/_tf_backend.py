@@ -1,0 +1,70 @@
+"""``TF_CONFIG`` for TensorFlow training workers, without TensorFlow anywhere else.
+
+Ray Train's own ``TensorflowConfig`` lives in ``ray.train.tensorflow``, whose
+package ``__init__`` imports TensorFlow. Ray Train unpickles the backend
+config in its TrainController actor, a fresh process each run, so every
+TensorFlow run paid a TensorFlow import (8-10 s on a 2-core host) in a process
+that never touches a tensor, and the driver paid one more. This config does
+the same job (each worker's ``host:port``, then ``TF_CONFIG`` naming them all
+and this worker's index, so ``MultiWorkerMirroredStrategy()`` spans them) from
+a module that imports nothing of TensorFlow: only the workers load it, when
+the user's function does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from ray.train.backend import Backend, BackendConfig
+
+__all__ = ["TfConfig", "worker_address", "set_tf_config"]
+
+
+def worker_address() -> str:
+    """This worker's ``host:port`` for TensorFlow's collective ops: the node's
+    address and a port free on it now (TensorFlow binds it moments later)."""
+    import ray.util
+
+    host = ray.util.get_node_ip_address()
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("", 0))
+        port = sock.getsockname()[1]
+    return f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+
+
+def set_tf_config(addresses: list[str], index: int) -> None:
+    """``TF_CONFIG`` of worker ``index`` among ``addresses`` (read by the
+    strategy when the user's function builds it)."""
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": list(addresses)},
+                                          "task": {"type": "worker", "index": index}})
+
+
+class _TfBackend(Backend):
+    def on_start(self, worker_group: Any, backend_config: TfConfig) -> None:
+        import ray
+
+        addresses = worker_group.execute(worker_address)
+        ray.get([worker_group.execute_single_async(index, set_tf_config, addresses, index)
+                 for index in range(len(worker_group))])
+
+
+@dataclass
+class TfConfig(BackendConfig):
+    """Ray Train backend config for TensorFlow multi-worker training; what
+    ``ray.train.tensorflow.TensorflowConfig`` does, importable without TensorFlow."""
+
+    @property
+    def backend_cls(self) -> type[Backend]:
+        return _TfBackend
+
+    @property
+    def framework(self) -> Any:
+        from ray.train.v2._internal.util import TrainingFramework
+
+        return TrainingFramework.TENSORFLOW
