@@ -1,0 +1,84 @@
+"""A trained model's predictions as new columns, as Horovod's ``TorchModel.transform`` adds them.
+
+Each output column holds what the model gives for its label: a number typed
+as the label's column (rounded for whole-number labels), or a Spark ML
+``DenseVector`` where the model gives several values per row (class scores
+for a scalar label, say) or the label is a vector. The model runs in a
+pandas UDF on the executors (classic and Connect alike), rebuilt once per
+batch of rows from its bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from raydist.compat.horovod.spark.common import _data
+
+__all__ = ["add_predictions"]
+
+_INTEGRAL = {"tinyint", "smallint", "int", "bigint"}
+
+
+def _run(model: Any, columns: Sequence[Any], shapes: Sequence[Any]) -> list[Any]:
+    """The model's outputs for these rows (pandas Series of features), as numpy arrays."""
+    import numpy as np
+    import torch
+
+    inputs = []
+    for values, shape in zip(columns, shapes, strict=True):
+        first = values.iloc[0] if len(values) else 0.0
+        if isinstance(first, (list, tuple, np.ndarray)):
+            tensor = torch.as_tensor(np.stack([np.asarray(v, dtype=np.float32) for v in values]))
+        else:
+            tensor = torch.as_tensor(values.to_numpy(dtype=np.float32))
+        inputs.append(tensor if shape is None else tensor.reshape(shape))
+    with torch.no_grad():
+        outputs = model(*inputs)
+    outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    return [o.detach().cpu().numpy().reshape(len(columns[0]), -1) for o in outputs]
+
+
+def add_predictions(df: Any, *, model: Any, feature_cols: list[str], input_shapes: Any, label_cols: list[str],
+                    output_cols: list[str], label_types: dict[str, str]) -> Any:
+    """``df`` with one prediction column per label, named by ``output_cols``."""
+    from pyspark import cloudpickle
+    import pandas as pd
+    from pyspark.ml.functions import array_to_vector, vector_to_array
+    from pyspark.sql import functions as F
+    from pyspark.sql.functions import pandas_udf
+
+    shapes = list(input_shapes or [None] * len(feature_cols))
+    kinds = _data.column_kinds(df, feature_cols, "feature_cols")
+    features = [vector_to_array(F.col(c)) if kind == "vector" else F.col(c) for c, kind in kinds.items()]
+    # Which outputs are vectors: the model's answer for one row says (Horovod asks it the same way).
+    probe = df.select(*[f.alias(f"f{i}") for i, f in enumerate(features)]).limit(1).toPandas()
+    widths = [o.shape[1] for o in _run(model, [probe[f"f{i}"] for i in range(len(features))], shapes)] \
+        if len(probe) else [1] * len(label_cols)
+    as_vector = [w > 1 or label_types.get(label) == "vector" for w, label in zip(widths, label_cols, strict=False)]
+    fields = ", ".join(f"o{i} array<double>" if vec else f"o{i} double" for i, vec in enumerate(as_vector))
+    blob = cloudpickle.dumps(model)
+
+    def predict(*columns):  # type: ignore[no-untyped-def]
+        net = cloudpickle.loads(blob)
+        net.eval()
+        outs = _run(net, columns, shapes)
+        return pd.DataFrame({f"o{i}": list(o) if vec else o[:, 0]
+                             for i, (o, vec) in enumerate(zip(outs, as_vector, strict=False))})
+
+    # pandas_udf reads the kind of UDF from real types (this module's annotations are strings).
+    predict.__annotations__ = {"columns": pd.Series, "return": pd.DataFrame}
+    predict = pandas_udf(predict, f"struct<{fields}>")  # type: ignore[call-overload]
+
+    marker = "__raydist_predictions"
+    out = df.withColumn(marker, predict(*features))
+    for i, (name, label, vec) in enumerate(zip(output_cols, label_cols, as_vector, strict=False)):
+        value = F.col(f"{marker}.o{i}")
+        if vec:
+            value = array_to_vector(value)
+        elif label_types.get(label) in _INTEGRAL:
+            value = F.round(value).cast(label_types[label])
+        elif label_types.get(label) not in (None, "vector"):
+            value = value.cast(label_types[label])
+        out = out.withColumn(name, value)
+    return out.drop(marker)
