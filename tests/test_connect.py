@@ -229,3 +229,14 @@ def test_a_pyspark_ml_connect_program_fits_on_connect_as_on_pyspark(connect_serv
 
     ours = run_program("ml_connect_user.py", "--connect", connect_server.url, home=tmp_path)
     assert_fits_as_pyspark(ours, recorded_original("ml_connect_user.py", "--connect", CONNECT_URL))
+
+
+@pytest.mark.timeout(900)
+def test_horovods_torch_estimator_runs_from_a_connect_client(connect_server, no_leftover_ray, tmp_path) -> None:
+    """test_horovod.py's estimator program as a Connect client, where
+    Horovod's own estimators cannot run (they need ``df.rdd``): about 2 min here."""
+    from tests.test_horovod import check_estimator_program
+
+    out = run_program("horovod_estimator_user.py", "--connect", connect_server.url, str(tmp_path / "store"),
+                      home=tmp_path / "home")
+    check_estimator_program(out)

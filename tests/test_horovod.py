@@ -68,3 +68,38 @@ def test_a_horovod_keras_program_runs_with_only_its_runner_import_changed(no_lef
     # The warmup: initial_lr / size, growing step by step to initial_lr over two epochs.
     assert got["rates"] == [0.05, 0.075, 0.1, 0.1], got["rates"]
     assert got["allgather"] == [0.0, 1.0, 1.0]
+
+
+def check_estimator_program(out: dict) -> None:
+    """What a user of Horovod's pytorch_spark_mnist.py looks at, and then some."""
+    # Three classes a random guess gets a third of: the model learned them.
+    assert out["accuracy"] > 0.75, out["accuracy"]
+    assert out["columns"] == ["features", "label", "label_prob", "label_pred"]
+    assert out["prob_type"] == "VectorUDT"  # class scores for a scalar label, as Horovod's DenseVector
+    assert out["default_columns"] == ["label__output"]
+    assert out["same_after_load"] is True
+    # One entry per epoch, Horovod's shape; training and validation loss fall.
+    history = out["history"]
+    assert [h["epoch"] for h in history] == [0, 1, 2, 3]
+    assert all(set(h) == {"epoch", "train", "validation"} and set(h["train"]) == {"loss", "all_metrics"}
+               for h in history)
+    train = [h["train"]["loss"] for h in history]
+    assert train == sorted(train, reverse=True) and history[-1]["validation"]["loss"] < history[0]["validation"]["loss"]
+    # The run's checkpoint and logs are in the Store under runs/<run_id>; a
+    # second fit under that run_id starts from it (a fresh model's first
+    # epoch would be where the first fit began, near 1.0).
+    assert out["checkpoint"] is True and out["logs"] == ["history.jsonl"]
+    assert out["resumed_history"][0]["train"]["loss"] < history[-1]["train"]["loss"] + 0.1
+    # The optimizer handed back has the learning rate the user gave (Horovod
+    # scales it by the ranks while training, and back).
+    assert out["optimizer_lr"] == 0.05
+
+
+@pytest.mark.timeout(900)
+def test_horovods_torch_estimator_example_runs_with_only_the_alias_line(tmp_path, no_leftover_ray) -> None:
+    """Horovod's Spark estimator example in its shape: three fits' worth of
+    Spark jobs and a session cluster start, about 110 s here (the same
+    program on Connect is in test_connect.py)."""
+    out = run_program("horovod_estimator_user.py", "--master", "local-cluster[2,1,1024]", str(tmp_path / "store"),
+                      home=tmp_path / "home")
+    check_estimator_program(out)

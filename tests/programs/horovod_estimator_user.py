@@ -21,20 +21,19 @@ from raydist.compat.horovod import use_horovod_alias
 
 use_horovod_alias()  # the one line added to Horovod's example
 
+import horovod.spark.torch as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import pyspark.sql.types as T  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import torch.optim as optim  # noqa: E402
+from horovod.spark.common.backend import SparkBackend  # noqa: E402
+from horovod.spark.common.store import Store  # noqa: E402
 from pyspark.ml.evaluation import MulticlassClassificationEvaluator  # noqa: E402
 from pyspark.ml.feature import VectorAssembler  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql.functions import udf  # noqa: E402
-
-import horovod.spark.torch as hvd  # noqa: E402
-from horovod.spark.common.backend import SparkBackend  # noqa: E402
-from horovod.spark.common.store import Store  # noqa: E402
 
 parser = argparse.ArgumentParser()
 where = parser.add_mutually_exclusive_group(required=True)
@@ -116,6 +115,7 @@ spark.stop()
 print("RESULT " + json.dumps({
     "accuracy": accuracy, "resumed_accuracy": resumed_accuracy, "columns": columns, "prob_type": prob_type,
     "default_columns": default_columns, "same_after_load": same_after_load, "checkpoint": checkpoint_before,
-    "history": history, "resumed_history": resumed_history, "optimizer_lr": torch_model.getOptimizer().param_groups[0]["lr"],
+    "history": history, "resumed_history": resumed_history,
+    "optimizer_lr": torch_model.getOptimizer().param_groups[0]["lr"],
     "logs": sorted(os.listdir(store.get_logs_path("run1"))),
 }))

@@ -5,6 +5,8 @@
 * :func:`raydist.compat.horovod.spark.run`: ``horovod.spark.run``'s
   signature and result (every rank's return value, in rank order);
 * :class:`raydist.compat.HorovodRunner`: sparkdl's ``HorovodRunner``;
+* :mod:`raydist.compat.horovod.spark.torch`: Horovod's Spark ``TorchEstimator``
+  (with :mod:`~raydist.compat.horovod.spark.common.store` and ``.backend``);
 * :func:`use_horovod_alias`: ``import horovod.torch as hvd`` resolves to
   raydist's in this process (both runners turn it on in their workers).
 """

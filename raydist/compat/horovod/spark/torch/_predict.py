@@ -42,8 +42,8 @@ def _run(model: Any, columns: Sequence[Any], shapes: Sequence[Any]) -> list[Any]
 def add_predictions(df: Any, *, model: Any, feature_cols: list[str], input_shapes: Any, label_cols: list[str],
                     output_cols: list[str], label_types: dict[str, str]) -> Any:
     """``df`` with one prediction column per label, named by ``output_cols``."""
-    from pyspark import cloudpickle
     import pandas as pd
+    from pyspark import cloudpickle
     from pyspark.ml.functions import array_to_vector, vector_to_array
     from pyspark.sql import functions as F
     from pyspark.sql.functions import pandas_udf
