@@ -9,8 +9,9 @@ same pipeline fitted at three learning rates (the *sweep*). Before the first
 measurement a warm-up client runs a Python job on every slot, so neither side
 pays for the executors' first Python start alone.
 
-(b) Horovod's ``TorchEstimator`` data path: not measured yet (raydist has no
-Horovod estimators yet); the last line says ``hvd_data_ratio=n/a``.
+(b) Horovod's ``TorchEstimator`` data path: not measured yet (the estimator
+exists, ``horovod.spark.torch``; a Parquet-in-the-Store twin of its data path
+to race it against does not yet); the last line says ``hvd_data_ratio=n/a``.
 
 Last line (one line)::
 
