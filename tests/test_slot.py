@@ -153,3 +153,35 @@ def test_a_slot_started_twice_or_before_the_plan_runs_one_job() -> None:
     time.sleep(0.5)
     assert side.submitted == ["g-slot-w2"]
     jobs.close(time.monotonic() + 1)
+
+
+class _Link:
+    def __init__(self, host: str) -> None:
+        self.host, self.node_ip, self.info = host, "10.0.0.1", {}
+
+    def ended_why(self) -> str:
+        return "gone"
+
+
+def test_a_node_that_says_hello_in_a_loop_writes_one_event_per_window(monkeypatch) -> None:
+    """A supervisor that reconnects over and over (a valid key: a bug, or a
+    hostile peer on an executor) must not write an event row per hello."""
+    import raydist.engine.slot as slot_module
+
+    now = [1000.0]
+    monkeypatch.setattr(slot_module.time, "monotonic", lambda: now[0])
+    slot = WorkerSlot(0, "w0")
+    records = []
+    for _ in range(50):
+        record, _lost = slot.on_link("hello", _Link("h"), stopping=False)
+        records.append(record)
+        now[0] += 0.1  # 50 hellos in 5 s
+    assert [r for r in records if r] == ["worker w0 starting on h"]
+    now[0] += slot_module.HELLO_EVENT_S
+    record, _ = slot.on_link("hello", _Link("h"), stopping=False)
+    assert record == "worker w0 starting on h (49 more hello(s) before it not recorded)"
+    # The slot still follows the newest supervisor: its start is seen.
+    link = _Link("h2")
+    slot.on_link("hello", link, stopping=False)
+    assert slot.on_link("started", link, stopping=False) == ("worker w0 up on h2 (10.0.0.1)", "")
+    assert slot.up and slot.restarts == 51

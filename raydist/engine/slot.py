@@ -17,6 +17,8 @@ __all__ = ["NodeCounters", "WorkerPool", "WorkerSlot", "first_error_line"]
 
 
 #: Upper bounds (seconds) of the node start-time histogram's buckets.
+#: At most one "starting" event a slot per this many seconds (its later hellos are counted in the next).
+HELLO_EVENT_S = 10.0
 START_BUCKETS = (1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -63,6 +65,11 @@ class WorkerSlot:
     idle_ms: int = 0  # how long Ray has counted the node idle (elastic clusters' head reports it)
     counters: NodeCounters = field(default_factory=NodeCounters)  # the pool's, shared by its slots
     hello_at: float = 0.0  # when the current supervisor said hello (monotonic)
+    #: When a hello was last written to the cluster's events, and how many
+    #: since were not: a node that reconnects in a loop (a valid key, a bug or
+    #: a hostile peer) writes one event row per HELLO_EVENT_S, not one per hello.
+    hello_said_at: float = float("-inf")
+    hellos_unsaid: int = 0
 
     @property
     def tag(self) -> str:
@@ -98,8 +105,8 @@ class WorkerSlot:
             if replaced and not stopping:
                 self.last_reason = "Spark ran its task again (the previous executor was lost)"
                 self.counters.losses += 1
-                return f"worker {self.key} starting on {link.host}", f"worker {self.key} lost: {self.last_reason}"
-            return f"worker {self.key} starting on {link.host}", ""
+                return self._hello_event(link), f"worker {self.key} lost: {self.last_reason}"
+            return self._hello_event(link), ""
         if event == "started" and link is self.link:
             self.up, self.up_since = True, time.monotonic()
             self.counters.observe_start(self.up_since - self.hello_at)
@@ -112,6 +119,15 @@ class WorkerSlot:
             self.counters.losses += 1
             return "", f"worker {self.key} lost: {self.last_reason}"
         return None
+
+    def _hello_event(self, link: NodeLink) -> str:
+        """What to record of a hello: "" within HELLO_EVENT_S of the last one recorded."""
+        if self.hello_at - self.hello_said_at < HELLO_EVENT_S:
+            self.hellos_unsaid += 1
+            return ""
+        unsaid, self.hellos_unsaid, self.hello_said_at = self.hellos_unsaid, 0, self.hello_at
+        more = f" ({unsaid} more hello(s) before it not recorded)" if unsaid else ""
+        return f"worker {self.key} starting on {link.host}{more}"
 
     def log_tail(self) -> list[str]:
         """The last lines of the current node's ``ray start`` output."""
