@@ -19,5 +19,8 @@ def run_client(script: str, mode: str, impl: str, url: str, timeout: float = 900
                           env=env, capture_output=True, text=True, timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{mode}/{impl} failed ({proc.returncode}): {proc.stderr[-3000:]}")
+        # The Python traceback, not only the tail (Spark's and Ray's shutdown noise comes after it).
+        at = proc.stderr.rfind("Traceback (most recent call last)")
+        why = proc.stderr[at:at + 4000] if at >= 0 else ""
+        raise RuntimeError(f"{mode}/{impl} failed ({proc.returncode}): {why}\n...\n{proc.stderr[-2000:]}")
     return json.loads(lines[-1][len("RESULT "):])

@@ -9,9 +9,16 @@ same pipeline fitted at three learning rates (the *sweep*). Before the first
 measurement a warm-up client runs a Python job on every slot, so neither side
 pays for the executors' first Python start alone.
 
-(b) Horovod's ``TorchEstimator`` data path: not measured yet (the estimator
-exists, ``horovod.spark.torch``; a Parquet-in-the-Store twin of its data path
-to race it against does not yet); the last line says ``hvd_data_ratio=n/a``.
+(b) Horovod's ``TorchEstimator`` data path, on the same server: a fit of a
+small MLP on a ``HVD_ROWS``-row DataFrame (eight numbers a row, made in
+Spark), one epoch on two ranks. raydist's default (each rank's rows as Arrow
+through Ray's object store) against what Horovod does: the DataFrame
+written to Parquet in the Store (ten files a process, as Horovod's
+``partitions_per_process``), then each rank reading its files back (the same
+training loop after the read). Each measurement is a fresh client whose
+session cluster was warmed by a small fit first, the two sides alternating;
+``hvd_data_ratio`` = raydist's median / Parquet's. Both sides' last training
+loss must agree to 5% for ``same_result``.
 
 Last line (one line)::
 
@@ -44,9 +51,80 @@ MASTER = "local-cluster[2,1,2048]"
 FIT_LR = 0.1
 SWEEP_LRS = (0.05, 0.1, 0.2)
 ROWS = 2000
+HVD_ROWS = 200_000
 
 
 # ------------------------------------------------------------------ child side
+
+
+def _parquet_rank(path: str, spec) -> object:  # noqa: ANN001 - a rank of the Parquet side of (b)
+    """Horovod's way: this rank's share of the Store's Parquet files, read here."""
+    import glob
+    import tempfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raydist.compat.horovod.spark.torch._remote import train_rank
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    files = sorted(glob.glob(os.path.join(path, "*.parquet")))[rank::world]
+    table = pa.concat_tables([pq.read_table(f) for f in files])
+    fd, staged = tempfile.mkstemp(suffix=".arrow")
+    os.close(fd)
+    with pa.OSFile(staged, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    os.environ["SPARK_PARTITION_ARROW_DATA_FILE"] = staged  # where train_rank reads its rows
+    try:
+        return train_rank(spec)
+    finally:
+        os.unlink(staged)
+
+
+def hvd_child(spark, impl: str) -> dict:  # noqa: ANN001
+    """(b): one warm-up fit, then the timed fit of HVD_ROWS rows on ``impl``'s data path."""
+    import shutil
+    import tempfile
+
+    import torch
+    from pyspark.sql import functions as F
+
+    import raydist.compat.horovod.spark.torch as hvd
+    from raydist.compat.horovod.spark.common.store import Store
+
+    def frame(rows: int):  # noqa: ANN202
+        xs = [F.rand(seed=i) for i in range(8)]
+        df = spark.range(rows).select(*[x.alias(f"x{i}") for i, x in enumerate(xs)])
+        return df.select(F.array(*[f"x{i}" for i in range(8)]).alias("features"),
+                         (F.col("x0") + F.col("x1") > 1).cast("int").alias("label"))
+
+    def estimator(store) -> object:  # noqa: ANN001
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2),
+                                    torch.nn.LogSoftmax(dim=-1))
+        return hvd.TorchEstimator(num_proc=2, store=store, model=model,
+                                  optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                                  loss=lambda out, y: torch.nn.functional.nll_loss(out, y.long()),
+                                  feature_cols=["features"], label_cols=["label"], batch_size=256, epochs=1,
+                                  verbose=0, random_seed=1, shuffle=False)
+
+    work = tempfile.mkdtemp(prefix="hvd-bench-")
+    try:
+        store = Store.create(work)
+        estimator(store).setRunId("warm").fit(frame(1000))  # the session cluster and its workers, warm
+        df = frame(HVD_ROWS)
+        est = estimator(store).setRunId("timed")
+        t = time.monotonic()
+        if impl == "raydist":
+            history = est.fit(df).getHistory()
+        else:
+            path = store.get_train_data_path()
+            df.repartition(20).write.mode("overwrite").parquet(path)  # Horovod: 10 files a process
+            spec, num_proc = est._rank_spec(df, "timed")
+            history, _, _ = est._distributor(df, num_proc).run(_parquet_rank, path, spec)
+        return {"seconds": time.monotonic() - t, "loss": history[-1]["train"]["loss"]}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def child(mode: str, impl: str, url: str) -> dict:
@@ -54,6 +132,8 @@ def child(mode: str, impl: str, url: str) -> dict:
 
     spark = SparkSession.builder.remote(url).getOrCreate()
     try:
+        if mode == "hvd":
+            return hvd_child(spark, impl)
         if mode == "warmup":
             spark.range(8, numPartitions=8).mapInArrow(lambda it: it, "id long").count()
             return {}
@@ -103,6 +183,7 @@ def main() -> int:
     parser.add_argument("--impl", default="raydist")
     parser.add_argument("--url", default="")
     parser.add_argument("--rounds", type=int, default=2, help="measurements of each kind, per side")
+    parser.add_argument("--only-hvd", action="store_true", help="measure (b) only")
     args = parser.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.impl, args.url)), flush=True)
@@ -113,10 +194,16 @@ def main() -> int:
     fit: dict[str, list[float]] = {"pyspark": [], "raydist": []}
     sweep: dict[str, list[float]] = {"pyspark": [], "raydist": []}
     weights: dict[str, list[list[float]]] = {"pyspark": [], "raydist": []}
+    hvd: dict[str, list[dict]] = {"raydist": [], "parquet": []}
     with ConnectServer(master=MASTER) as server:
         url = server.url
         _run_child("warmup", "", url)
         for r in range(args.rounds):
+            for impl in ("raydist", "parquet") if r % 2 == 0 else ("parquet", "raydist"):
+                out = _run_child("hvd", impl, url)
+                hvd[impl].append(out)
+                print(f"hvd   {impl:8s} {out['seconds']:6.1f} s  (last loss {out['loss']:.4f})", flush=True)
+        for r in range(0 if args.only_hvd else args.rounds):
             order = ("pyspark", "raydist") if r % 2 == 0 else ("raydist", "pyspark")
             for mode in ("fit", "sweep"):
                 for impl in order:
@@ -127,17 +214,27 @@ def main() -> int:
                           f"({' / '.join(f'{t:.1f}' for t in out['times'])})", flush=True)
 
     med = statistics.median
+    hvd_s = {impl: med(o["seconds"] for o in outs) for impl, outs in hvd.items()}
+    hvd_ratio = hvd_s["raydist"] / hvd_s["parquet"]
+    losses = [o["loss"] for outs in hvd.values() for o in outs]
+    hvd_same = max(losses) - min(losses) <= 0.05 * min(losses)
+    print(f"hvd fit of {HVD_ROWS} rows median: raydist {hvd_s['raydist']:.1f} s, Parquet in the Store "
+          f"{hvd_s['parquet']:.1f} s; last losses {', '.join(f'{x:.4f}' for x in losses)}")
+    if args.only_hvd:
+        print(f"mlc_fit_ratio=n/a mlc_sweep_ratio=n/a hvd_data_ratio={hvd_ratio:.3f} "
+              f"same_result={'true' if hvd_same else 'false'}")
+        return 0
     fit_ratio = med(fit["raydist"]) / med(fit["pyspark"])
     sweep_ratio = med(sweep["raydist"]) / med(sweep["pyspark"])
     diff = _max_diff(weights["raydist"], weights["pyspark"])
     half = len(weights["pyspark"]) // 2  # each round's fits, in the same order
     own = _max_diff(weights["pyspark"][:half], weights["pyspark"][half:]) if args.rounds >= 2 else 0.0
-    same = diff <= max(1e-5, own)
+    same = diff <= max(1e-5, own) and hvd_same
     print(f"fit median: raydist {med(fit['raydist']):.1f} s, pyspark {med(fit['pyspark']):.1f} s; "
           f"sweep of {len(SWEEP_LRS)} median: raydist {med(sweep['raydist']):.1f} s, "
           f"pyspark {med(sweep['pyspark']):.1f} s; largest weight difference raydist-pyspark {diff:.2e}, "
           f"pyspark between its rounds {own:.2e}")
-    print(f"mlc_fit_ratio={fit_ratio:.3f} mlc_sweep_ratio={sweep_ratio:.3f} hvd_data_ratio=n/a "
+    print(f"mlc_fit_ratio={fit_ratio:.3f} mlc_sweep_ratio={sweep_ratio:.3f} hvd_data_ratio={hvd_ratio:.3f} "
           f"same_result={'true' if same else 'false'}")
     return 0
 

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from raydist.engine.channel import NodeChannel
-from raydist.engine.linkauth import NodeKeys, relay_key, relay_proof
+from raydist.engine.linkauth import Frames, NodeKeys, relay_key, relay_proof
 from raydist.engine.relay import LinkRelay, RelayDialer
 from raydist.engine.wire import encode
 from tests.test_supervisor import Recorder, _descendants, _living, _start_at
@@ -109,12 +109,76 @@ def _read_all(sock: socket.socket) -> bytes:
     return heard
 
 
+def _proven_control(port: int, key: str) -> tuple[socket.socket, Frames]:
+    """A control connection to the relay that proves its key, as the driver's does: its frames."""
+    conn = socket.create_connection(("127.0.0.1", port), timeout=5)
+    mine = "2" * 32
+    conn.sendall(encode({"type": "relay-control", "nonce": mine}))
+    challenge = json.loads(conn.makefile("rb").readline())
+    conn.sendall(encode({"type": "proof", "proof": relay_proof(key, "relay-control", challenge["nonce"])}))
+    return conn, Frames.after_handshake(key, mine, challenge["nonce"], driver=True)
+
+
+def test_the_control_connection_is_sealed_both_ways() -> None:
+    """After the challenge every control line is a sealed frame: the relay's
+    dials open under the driver's keys, and a line the driver did not seal
+    (what a host on the path would inject) ends the connection."""
+    key = relay_key(NodeKeys().issue("head"))
+    relay = LinkRelay("127.0.0.1", key)
+    try:
+        conn, frames = _proven_control(relay.port, key)
+        reader = conn.makefile("rb")
+        node = socket.create_connection(("127.0.0.1", relay.port), timeout=5)
+        node.sendall(encode({"type": "hello", "key": "w0"}))
+        dial = json.loads(frames.open(reader.readline().rstrip(b"\n")))
+        assert dial["type"] == "dial" and len(dial["id"]) == 16
+        conn.sendall(encode({"type": "ping"}))  # unsealed
+        assert _read_all(conn) == b""  # the relay dropped it
+        node.close()
+    finally:
+        relay.close()
+
+
+def test_the_dialer_obeys_no_line_its_relay_did_not_seal() -> None:
+    """A stand-in relay that answers the challenge but then says ``dial`` in
+    clear (an injector on the path): the driver dials nothing."""
+    server = socket.create_server(("127.0.0.1", 0))
+    dialled: list[str] = []
+    dialer = RelayDialer(server.getsockname(), relay_key(NodeKeys().issue("head")),
+                         lambda sock, source: dialled.append(source))
+    try:
+        server.settimeout(10)
+        conn, _ = server.accept()
+        lines = conn.makefile("rb")
+        assert json.loads(lines.readline())["type"] == "relay-control"
+        conn.sendall(encode({"type": "challenge", "nonce": "3" * 32}))
+        assert json.loads(lines.readline())["type"] == "proof"
+        conn.sendall(encode({"type": "dial", "id": "0" * 16}))
+        conn.settimeout(10)
+        assert conn.recv(100) == b""  # the driver closed the control connection...
+        server.settimeout(0.5)
+        until = time.monotonic() + 3
+        while time.monotonic() < until:  # ...and opens no pair connection (new control ones, as it retries)
+            try:
+                extra, _ = server.accept()
+            except TimeoutError:
+                continue
+            extra.settimeout(5)
+            first = json.loads(extra.makefile("rb").readline() or b"{}")
+            assert first.get("type") == "relay-control", first
+            extra.close()
+        assert dialled == []
+    finally:
+        dialer.close()
+        server.close()
+
+
 def test_the_relay_admits_no_driver_without_the_relays_key() -> None:
     key = relay_key(NodeKeys().issue("head"))
     relay = LinkRelay("127.0.0.1", key)
     try:
         stranger = socket.create_connection(("127.0.0.1", relay.port), timeout=5)
-        stranger.sendall(encode({"type": "relay-control"}))
+        stranger.sendall(encode({"type": "relay-control", "nonce": "1" * 32}))
         challenge = json.loads(stranger.recv(4096))
         assert challenge["type"] == "challenge"
         stranger.sendall(encode({"type": "proof", "proof": relay_proof("a-guess", "relay-control",
@@ -122,7 +186,7 @@ def test_the_relay_admits_no_driver_without_the_relays_key() -> None:
         assert _read_all(stranger) == b""  # closed, and no dial ever reaches it
         # A proof recorded from the real driver's control connection opens no other: each has its nonce.
         replay = socket.create_connection(("127.0.0.1", relay.port), timeout=5)
-        replay.sendall(encode({"type": "relay-control"}))
+        replay.sendall(encode({"type": "relay-control", "nonce": "1" * 32}))
         json.loads(replay.recv(4096))
         replay.sendall(encode({"type": "proof", "proof": relay_proof(key, "relay-control", challenge["nonce"])}))
         assert _read_all(replay) == b""

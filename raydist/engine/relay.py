@@ -18,7 +18,11 @@ unchanged and is checked end to end by the driver and each supervisor; the
 relay checks only that control and pair connections come from the driver:
 the control connection answers a fresh challenge, and a pair connection
 proves its one-time id, each with a MAC under the relay's key
-(:func:`raydist.engine.linkauth.relay_key`, derived from the head's key). An end that closes its side is
+(:func:`raydist.engine.linkauth.relay_key`, derived from the head's key).
+After its challenge, every line on the control connection, both ways, is a
+sealed frame (:class:`~raydist.engine.linkauth.Frames`, keyed by the relay's
+key and both ends' nonces): a host on the path can neither make the driver
+dial (nor stop it dialling) nor pass for either end. An end that closes its side is
 passed on as a close, an end that breaks as a reset, so the driver and the
 supervisor each read the other's end exactly as on a direct link (a close:
 gone; a reset or silence: wait for a resume).
@@ -35,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from raydist.engine.linkauth import fresh_nonce, proven, relay_proof
+from raydist.engine.linkauth import Frames, fresh_nonce, proven, relay_proof
 from raydist.engine.wire import HANDSHAKE_S, HEARTBEAT_S, IDLE_S, LineReader, LinkBroken, enable_keepalive, encode
 
 __all__ = ["LinkRelay", "RelayDialer"]
@@ -159,6 +163,7 @@ class LinkRelay:
         self.port: int = self._server.getsockname()[1]
         self._lock = threading.Lock()
         self._control: socket.socket | None = None
+        self._control_frames: Frames | None = None  # the control connection's sealed frames
         self._control_lock = threading.Lock()  # one writer at a time on the control connection
         # id -> supervisor, its bytes, deadline, its address
         self._waiting: dict[str, tuple[socket.socket, bytes, float, str]] = {}
@@ -238,13 +243,15 @@ class LinkRelay:
         kind = msg.get("type") if isinstance(msg, dict) else None
         if kind in ("relay-control", "relay-pair"):
             assert isinstance(msg, dict)
-            if not self._from_driver(conn, kind, msg, rest):
+            proven_with = self._from_driver(conn, kind, msg, rest)
+            if proven_with is None:
                 log.warning("relay: refused a connection that could not prove the relay's key")
                 conn.close()
                 return
             enable_keepalive(conn)
             if kind == "relay-control":
-                self._set_control(conn)
+                frames, after = proven_with
+                self._set_control(conn, frames, after)
             else:
                 self._pair(str(msg.get("id", "")), conn)
             return
@@ -257,37 +264,49 @@ class LinkRelay:
         # handshakes by where they came from, as it does on a direct link.
         self._tell({"type": "dial", "id": link_id, "source": source})
 
-    def _from_driver(self, conn: socket.socket, kind: str, msg: dict[str, object], rest: bytes) -> bool:
-        """Whether a driver's connection proves the relay's key: a pair over
-        its one-time id, the control connection over a fresh challenge."""
+    def _from_driver(self, conn: socket.socket, kind: str, msg: dict[str, object],
+                     rest: bytes) -> tuple[Frames | None, bytes] | None:
+        """None unless a driver's connection proves the relay's key: a pair
+        over its one-time id, the control connection over a fresh challenge
+        (then its sealed frames, and what it sent past its proof)."""
         if kind == "relay-pair":
-            return proven(relay_proof(self._secret, kind, str(msg.get("id", ""))), msg.get("proof"))
+            return (None, rest) if proven(relay_proof(self._secret, kind, str(msg.get("id", ""))),
+                                          msg.get("proof")) else None
+        driver_nonce = msg.get("nonce")
+        if not isinstance(driver_nonce, str) or not 16 <= len(driver_nonce) <= 128:
+            return None
         nonce = fresh_nonce()
         try:
             conn.sendall(encode({"type": "challenge", "nonce": nonce}))
         except OSError:
-            return False
+            return None
         said = _first_line(conn, self._wait_s, rest)
         try:
             answer = json.loads(said[0]) if said is not None else None
         except ValueError:
             answer = None
-        return isinstance(answer, dict) and proven(relay_proof(self._secret, kind, nonce), answer.get("proof"))
+        if not (isinstance(answer, dict) and proven(relay_proof(self._secret, kind, nonce), answer.get("proof"))):
+            return None
+        assert said is not None
+        return Frames.after_handshake(self._secret, driver_nonce, nonce, driver=False), said[1]
 
-    def _set_control(self, conn: socket.socket) -> None:
+    def _set_control(self, conn: socket.socket, frames: Frames | None, rest: bytes) -> None:
         with self._lock:
             old, self._control = self._control, conn
+            self._control_frames = frames
             waiting = list(self._waiting)
         if old is not None:
             _reset(old)
         log.info("relay: the driver is connected")
         for link_id in waiting:
             self._tell({"type": "dial", "id": link_id})
-        threading.Thread(target=self._drain_control, args=(conn,), daemon=True, name="raydist-relay-ctl").start()
+        threading.Thread(target=self._drain_control, args=(conn, frames, rest), daemon=True,
+                         name="raydist-relay-ctl").start()
 
-    def _drain_control(self, conn: socket.socket) -> None:
-        """Read the driver's pings; forget the control connection when it ends."""
-        reader = LineReader(conn, idle_s=IDLE_S)
+    def _drain_control(self, conn: socket.socket, frames: Frames | None, rest: bytes) -> None:
+        """Read the driver's pings; forget the control connection when it
+        ends, or when a line on it is not the driver's next sealed frame."""
+        reader = LineReader(conn, idle_s=IDLE_S, initial=rest, frames=frames)
         try:
             while not self._closed.is_set():
                 reader.read()
@@ -322,12 +341,12 @@ class LinkRelay:
 
     def _tell(self, message: dict[str, object]) -> None:
         with self._lock:
-            control = self._control
-        if control is None:
+            control, frames = self._control, self._control_frames
+        if control is None or frames is None:
             return  # said again when the driver connects
         try:
-            with self._control_lock:
-                control.sendall(encode(message))
+            with self._control_lock:  # frames are counted: sealed in the order they go out
+                control.sendall(frames.seal(encode(message)))
         except OSError:
             _reset(control)
 
@@ -393,14 +412,18 @@ class RelayDialer:
     def _serve(self, sock: socket.socket) -> None:
         enable_keepalive(sock)
         # Only this thread writes here (each pair is a connection of its own).
-        sock.sendall(encode({"type": "relay-control"}))
+        mine = fresh_nonce()
+        sock.sendall(encode({"type": "relay-control", "nonce": mine}))
         reader = LineReader(sock, idle_s=HANDSHAKE_S)
         challenge = reader.read()
         if challenge.get("type") != "challenge":
             raise LinkBroken("the relay sent no challenge")
-        proof = relay_proof(self._secret, "relay-control", str(challenge.get("nonce", "")))
-        sock.sendall(encode({"type": "proof", "proof": proof}))
-        reader = LineReader(sock, idle_s=IDLE_S, initial=reader.rest())
+        theirs = str(challenge.get("nonce", ""))
+        sock.sendall(encode({"type": "proof", "proof": relay_proof(self._secret, "relay-control", theirs)}))
+        # From here on both ways are sealed frames: a line that is not the
+        # relay's next frame (injected, changed, replayed) ends the connection.
+        frames = Frames.after_handshake(self._secret, mine, theirs, driver=True)
+        reader = LineReader(sock, idle_s=IDLE_S, initial=reader.rest(), frames=frames)
         last_ping = time.monotonic()
         while not self._closed.is_set():
             msg = reader.read()
@@ -408,7 +431,7 @@ class RelayDialer:
                 threading.Thread(target=self._dial, args=(str(msg.get("id", "")), str(msg.get("source", ""))[:64]),
                                  daemon=True, name="raydist-dialer-pair").start()
             if time.monotonic() - last_ping >= HEARTBEAT_S:
-                sock.sendall(encode({"type": "ping"}))
+                sock.sendall(frames.seal(encode({"type": "ping"})))
                 last_ping = time.monotonic()
 
     def _dial(self, link_id: str, source: str = "") -> None:

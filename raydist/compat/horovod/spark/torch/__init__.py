@@ -148,15 +148,33 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
         return estimator._fit(train)  # type: ignore[attr-defined]
 
     def _fit_prepared(self, df: Any, run_id: str) -> TorchModel:
-        from raydist.compat.horovod.spark.torch._remote import RankSpec, train_rank
+        from raydist.compat.horovod.spark.torch._remote import train_rank
+        from raydist.train.runtime import scoped_env
+
+        spec, num_proc = self._rank_spec(df, run_id)
+        prepared = _data.prepare(df, feature_cols=spec.feature_cols, label_cols=spec.label_cols,
+                                 sample_weight_col=spec.sample_weight_col, validation=self.getValidation(),
+                                 seed=self.getRandomSeed(), partitions=num_proc)
+        backend = self.getBackend()
+        with scoped_env(backend.env() if backend is not None else {}):
+            history, model_state, optimizer_state = self._distributor(df, num_proc)._train_on_dataframe(
+                train_rank, prepared, spec)
+        return self._model_of(df, spec, run_id, history, model_state, optimizer_state)
+
+    def _distributor(self, df: Any, num_proc: int) -> Any:
+        """The ``TorchDistributor`` the ranks run under (GPUs only where Spark gives tasks some)."""
         from raydist.compat.torch_distributor import TorchDistributor
+
+        return TorchDistributor(num_processes=num_proc, local_mode=False,
+                                use_gpu=bool(self.getUseGpu()) and _spark_has_gpus(df))
+
+    def _rank_spec(self, df: Any, run_id: str) -> tuple[Any, int]:
+        """What every rank runs with, after the checks; and how many ranks."""
+        from raydist.compat.horovod.spark.torch._remote import RankSpec
 
         self._check()
         num_proc = self._num_proc()
         feature_cols, label_cols = list(self.getFeatureCols()), list(self.getLabelCols())
-        prepared = _data.prepare(df, feature_cols=feature_cols, label_cols=label_cols,
-                                 sample_weight_col=self.getSampleWeightCol(), validation=self.getValidation(),
-                                 seed=self.getRandomSeed(), partitions=num_proc)
         store = self.getStore()
         checkpoint = logs = None
         resume = None
@@ -169,7 +187,7 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
                 if self.getVerbose():
                     print(f"Resuming training from last checkpoint: {checkpoint}")
                 resume = torch.load(io.BytesIO(store.read(checkpoint)), weights_only=False)
-        model, optimizer = self.getModel(), self.getOptimizer()
+        optimizer = self.getOptimizer()
         losses = None if self.getLoss() is None else _as_list(self.getLoss())
         if losses is None:
             losses = [make() for make in _as_list(self.getLossConstructors())]
@@ -177,7 +195,8 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
         # No shapes given: each feature as its column stacks, (batch,) or (batch, width).
         shapes = self.getInputShapes() or [None] * len(feature_cols)
         spec = RankSpec(
-            model=model, optimizer_cls=type(optimizer), optimizer_state=copy.deepcopy(optimizer.state_dict()),
+            model=self.getModel(), optimizer_cls=type(optimizer),
+            optimizer_state=copy.deepcopy(optimizer.state_dict()),
             loss_fns=losses, loss_weights=list(weights), metric_groups=_metric_groups(self.getMetrics()),
             feature_cols=feature_cols, label_cols=label_cols,
             input_shapes=[None if s is None else list(s) for s in shapes],
@@ -190,28 +209,23 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
             train_minibatch_fn=self.getTrainMinibatchFn(), transformation_fn=self.getTransformationFn(),
             checkpoint_file=checkpoint, logs_dir=logs, resume_state=resume,
         )
-        backend = self.getBackend()
-        distributor = TorchDistributor(num_processes=num_proc, local_mode=False,
-                                       use_gpu=bool(self.getUseGpu()) and _spark_has_gpus(df))
-        env = backend.env() if backend is not None else {}
-        if env:
-            from raydist.train.runtime import scoped_env
+        return spec, num_proc
 
-            with scoped_env(env):
-                history, model_state, optimizer_state = distributor._train_on_dataframe(train_rank, prepared, spec)
-        else:
-            history, model_state, optimizer_state = distributor._train_on_dataframe(train_rank, prepared, spec)
+    def _model_of(self, df: Any, spec: Any, run_id: str, history: list[dict[str, Any]], model_state: bytes,
+                  optimizer_state: bytes) -> TorchModel:
+        """The fitted TorchModel, from rank 0's answer."""
         import torch
 
-        trained = copy.deepcopy(model)
+        trained = copy.deepcopy(self.getModel())
         trained.load_state_dict(torch.load(io.BytesIO(model_state)))
         trained.eval()
-        new_optimizer = type(optimizer)(trained.parameters(), lr=1)
+        new_optimizer = spec.optimizer_cls(trained.parameters(), lr=1)
         new_optimizer.load_state_dict(torch.load(io.BytesIO(optimizer_state), weights_only=False))
-        return TorchModel(history=history, model=trained, feature_columns=feature_cols, input_shapes=shapes,
-                          label_columns=label_cols, optimizer=new_optimizer, run_id=run_id,
+        return TorchModel(history=history, model=trained, feature_columns=spec.feature_cols,
+                          input_shapes=self.getInputShapes(), label_columns=spec.label_cols,
+                          optimizer=new_optimizer, run_id=run_id,
                           loss=self.getLoss(), loss_constructors=self.getLossConstructors(),
-                          _metadata={"types": _label_types(df, label_cols)})
+                          _metadata={"types": _label_types(df, spec.label_cols)})
 
 
 def _spark_has_gpus(df: Any) -> bool:
