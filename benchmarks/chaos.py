@@ -10,7 +10,12 @@ Starts `raydist serve` (its own RAYDIST_HOME, an embedded local-cluster) and for
   few seconds and deletes them, with `restart_on_server_restart` on every other;
 * a fault every ~--fault-every seconds, chosen at random from those that find a
   target: SIGKILL an executor JVM, a node supervisor, a raylet, a head's GCS, or
-  the server itself, started again at once on the same RAYDIST_HOME;
+  the server itself, started again at once on the same RAYDIST_HOME; and
+  in each round, in turn, one of: the server started while another process holds its
+  SQLite database locked (it must refuse, naming the file, then start once the
+  lock is gone: a refusal that did not name it, or a start, is a lying state),
+  a cluster deleted while it starts, or a cluster that asks to come back
+  deleted while a restarted server reconciles it;
 * a monitor that compares, every second, each row the server reports with the
   processes on this host: a RUNNING/DEGRADED row whose GCS is gone, or a
   DELETED/FAILED row whose Ray processes still run, is a contradiction; one that
@@ -28,7 +33,7 @@ host against Ray processes left (orphans). Last line:
   faults=<n> lost_clusters=<n> lying_states=<n> orphans=<n> read_errors=<n> p99_ms=<reads under chaos>
   hostile=<attempts> breaches=<n>
 
-Target: faults >= 10, hostile >= 1000, all the others 0.
+Target: faults >= 10, hostile >= 3000, all the others 0.
 
 Run: .venv/bin/python benchmarks/chaos.py [--seconds 60] [--clients 64] [--seed 1]
 """
@@ -66,6 +71,8 @@ THINK_S = 0.1
 #: Create/delete loops at once: a cluster is up for the faults most of the time.
 CHURN_LOOPS = 2
 TERMINAL = {"DELETED", "FAILED"}
+#: Faults that are a sequence of steps of their own (Chaos._<name>), not a SIGKILL.
+_STORY_FAULTS = ("locked-store", "delete-during-create", "delete-during-restart")
 ALIVE = {"RUNNING", "DEGRADED"}
 
 
@@ -176,6 +183,7 @@ class Chaos:
         self.names = [f"c{loop}-{i}" for loop in range(CHURN_LOOPS) for i in range(3)]
         self.restarting = threading.Event()
         self.round: list[str] = []
+        self._rounds = 0
 
     def client(self, *, admin: bool = False) -> Client:
         """Tenant alice's client (the readers', the churn's); ``admin``: the server's own token."""
@@ -245,23 +253,35 @@ class Chaos:
     # -- faults --------------------------------------------------------------
 
     def fault(self) -> str | None:
-        """One fault, of a kind that finds a target now; each round of five
-        faults restarts the server once, last (so that the other faults find
-        clusters running). While nothing else can be hit (the restarted
+        """One fault, of a kind that finds a target now. Each round ends with
+        one of the faults that are steps of their own (sooner when its kills
+        find nothing to hit) and a server restart (so that the other faults
+        find clusters running). While nothing else can be hit (the restarted
         server's Spark is still starting) the server is killed again: a crash
         while it recovers."""
         assert self.server.proc is not None
         if not self.round:
-            self.round = ["executor", "supervisor", "raylet", "gcs"]
-            self.rng.shuffle(self.round)
-            self.round.append("server")
-        kinds = [k for k in self.round if k != "server"] or ["server"]
+            kills = ["executor", "supervisor", "raylet", "gcs"]
+            self.rng.shuffle(kills)
+            self.round = [*kills, _STORY_FAULTS[self._rounds % len(_STORY_FAULTS)], "server"]
+            self._rounds += 1
         candidates = {k: _targets(self.server.proc.pid, k) for k in ("executor", "supervisor", "raylet", "gcs")}
-        hittable = [k for k in kinds if k == "server" or candidates[k]]
+        kills = [k for k in self.round if k in candidates]
+        hittable = [k for k in kills if candidates[k]]
+        story = next((k for k in self.round if k in _STORY_FAULTS), None)
         if hittable:
             kind = hittable[0]
             self.round.remove(kind)
+        elif story is not None:
+            # The round's kills find no target now (or are done): its fault
+            # that is steps of its own runs instead of another server kill.
+            self.round.remove(story)
+            return getattr(self, "_" + story.replace("-", "_"))()
+        elif not kills:
+            kind = "server"
+            self.round.remove("server")
         else:  # none of this round's kinds has a target now: any that has, outside the round
+            self.round.remove(kills[0])  # (the round moves on: a kind that never finds one cannot stall it)
             kind = next((k for k, found in candidates.items() if found), "server")
         if kind == "server":
             self.restarting.set()
@@ -275,6 +295,76 @@ class Chaos:
         except psutil.Error:
             return None
         return f"{kind} {victim.pid} SIGKILLed"
+
+    def _restart(self) -> None:
+        self.restarting.set()
+        try:
+            self.server.kill()
+            self.server.start()
+        finally:
+            self.restarting.clear()
+
+    def _locked_store(self) -> str:
+        """The server killed, then started while another process holds its
+        database locked: it must refuse to start, naming the file (and keep
+        every record), then start once the lock is gone."""
+        import sqlite3
+
+        self.restarting.set()
+        try:
+            self.server.kill()
+            holder = sqlite3.connect(self.server.home / "state.db", timeout=1)
+            holder.execute("BEGIN EXCLUSIVE")
+            try:
+                refused = False
+                try:
+                    self.server.start()
+                    assert self.server.proc is not None
+                    refused = self.server.proc.wait(timeout=90) != 0
+                except (RuntimeError, subprocess.TimeoutExpired):
+                    refused = self.server.proc is not None and self.server.proc.poll() not in (None, 0)
+                said = (self.server.home / "server.log").read_text(errors="replace")[-4000:]
+                if not refused or "state.db" not in said:
+                    with self.lock:
+                        self.lies.append("the server started on a locked store, or refused without naming it")
+                    if self.server.proc is not None and self.server.proc.poll() is None:
+                        self.server.kill()
+            finally:
+                holder.rollback()
+                holder.close()
+            self.server.start()
+        finally:
+            self.restarting.clear()
+        return "server SIGKILLed, started on a locked store (refused), started again"
+
+    def _delete_during_create(self) -> str:
+        """A create, and its delete while it starts: one true state (DELETED), nothing left running."""
+        client = self.client()
+        name = f"d{len(self.faults)}"
+        try:
+            client.create(ClusterSpec(name=name, workers=1, cpus_per_worker=1))
+            with self.lock:
+                self.created.add(name)
+            client.delete(name, allow_missing=True)
+        finally:
+            client.close()
+        return f"{name} deleted while it started"
+
+    def _delete_during_restart(self) -> str:
+        """A cluster that asks to come back, the server killed and started
+        again, and a delete while the new server reconciles it."""
+        client = self.client()
+        name = f"r{len(self.faults)}"
+        try:
+            client.create(ClusterSpec(name=name, workers=1, cpus_per_worker=1), restart_on_server_restart=True)
+            with self.lock:
+                self.created.add(name)
+            client.wait(name, timeout=90)
+            self._restart()
+            client.delete(name, allow_missing=True)
+        finally:
+            client.close()
+        return f"{name} deleted while a restarted server reconciled it"
 
     def faults_loop(self) -> None:
         # On a cadence: a fault that takes seconds (a server restart, a slow
@@ -351,6 +441,8 @@ def main() -> int:
         token.write_text(f"{name}-{os.urandom(16).hex()}\n")
         token.chmod(0o600)
         config += [f"[tenants.{name}]", f'token_file = "{token}"']
+        if name == "mallory":
+            config.append("max_workers = 1")  # her quota: benchmarks/hostile_links.py creates past it
     config += ["[ray]", 'head = "executor"']  # tenants: every head in a Spark task of its own
     (home / "raydist.toml").write_text("\n".join(config) + "\n")
     server = Server(home, free_port(), args.master)

@@ -20,6 +20,10 @@ attacker got.
   one job): parts out of any plan, oversize parts, the wrong job secret, and
   crowds of silent connections. A breach: a part stored.
 
+* The attackers of :mod:`benchmarks.hostile_links`: a node with a valid key
+  sending malformed frames, an on-path injector, slow senders to the data
+  agent and the relay, a node flooding log replies, a tenant past its quota.
+
 Every attempt that reaches its target counts toward ``hostile``; an answer
 of UNAVAILABLE (the server is being restarted by a fault) does not.
 """
@@ -70,8 +74,13 @@ class Hostile:
         self._ports: tuple[float, list[tuple[str, int]]] = (0.0, [])
 
     def threads(self) -> list[threading.Thread]:
+        from benchmarks.hostile_links import LinkAttackers
+
+        links = LinkAttackers(self._count, self._stop, self._rng.randrange(1 << 30),
+                              lambda: Client(self.address, token=self._token, timeout=10, retries=0))
+        bodies = (self.tenant, self.link, self.flood, self.replay, self.agent, *links.bodies())
         return [threading.Thread(target=self._run, args=(body,), daemon=True, name=f"hostile-{body.__name__}")
-                for body in (self.tenant, self.link, self.flood, self.replay, self.agent)]
+                for body in bodies]
 
     def _run(self, body: Callable[[], None]) -> None:
         while not self._stop.is_set():
@@ -239,8 +248,7 @@ class Hostile:
         try:
             recorded: list[bytes] = []
             with socket.create_connection((channel.host, channel.port), timeout=5) as real:
-                hello, _ = say_hello(_Recording(real, recorded), "w0", secret, host="h", pid=1, incarnation="i",
-                                     resume=False)
+                say_hello(_Recording(real, recorded), "w0", secret, host="h", pid=1, incarnation="i", resume=False)
             while not self._stop.wait(_THINK_S):
                 with socket.create_connection((channel.host, channel.port), timeout=5) as sock:
                     for line in recorded:

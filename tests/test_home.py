@@ -129,3 +129,23 @@ def test_the_client_says_when_the_control_token_would_go_in_clear_off_this_host(
         Client("192.0.2.7:50051", token="tok-remote-secret").close()  # TEST-NET-1: never dialled here
     assert "192.0.2.7:50051" in caplog.text and "RAYDIST_TLS_CA" in caplog.text
     assert "tok-" not in caplog.text
+
+
+def test_a_store_another_process_is_writing_is_refused_at_open_not_at_its_first_write(tmp_path: Path) -> None:
+    """In WAL mode (the store's own) another writer's lock leaves reads free:
+    the store must still refuse to open, naming the file, rather than open
+    and fail at its first write (a server whose Spark already started)."""
+    path = tmp_path / "state.db"
+    Store(path).put(ClusterRow(name="kept", spec={"workers": 2}, state="RUNNING"))
+    gc.collect()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA journal_mode=WAL")
+    holder.execute("BEGIN IMMEDIATE")  # another server on this home, mid-write
+    try:
+        with pytest.raises(StoreUnavailableError) as caught:
+            Store.open(path, busy_timeout_s=0.2)
+        assert caught.value.path == str(path) and "locked" in caught.value.reason
+    finally:
+        holder.rollback()
+        holder.close()
+    assert Store.open(path).get("kept").spec == {"workers": 2}

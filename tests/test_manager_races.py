@@ -177,3 +177,20 @@ def test_deleted_clusters_are_forgotten_after_their_retention(manager: ClusterMa
     assert [c.spec.name for c in manager.list(0, "")[0]] == ["live", "recent"]
     manager.create(_spec("old"), "")  # the name is free again
     assert until(lambda: _state(manager, "old") == State.RUNNING.value)
+
+
+def test_past_its_quota_a_tenant_is_told_so_before_spark_is_asked(manager: ClusterManager, monkeypatch) -> None:
+    """The quota's answer, not Spark's: a create past a tenant's quota never
+    reaches Spark (whose capacity may say no for its own passing reasons)."""
+    from raydist.control.tenants import Quota
+    from raydist.engine import spark as spark_side
+    from raydist.errors import CapacityError, QuotaExceededError
+
+    def no_room(*args: object) -> None:
+        raise CapacityError("2 workers x 1 CPU", "0 executors of 2 (one was just lost)")
+
+    monkeypatch.setattr(spark_side, "check_fits", no_room)
+    with pytest.raises(QuotaExceededError, match="max_workers = 1"):
+        manager.create(spec_to_proto(ClusterSpec(name="big.team", workers=2)), "", quota=Quota(max_workers=1))
+    with pytest.raises(CapacityError):  # within its quota, Spark's answer
+        manager.create(spec_to_proto(ClusterSpec(name="small.team", workers=1)), "", quota=Quota(max_workers=1))

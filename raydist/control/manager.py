@@ -280,6 +280,13 @@ class ClusterManager:
             and existing.request_id == request_id
             and existing.state not in (State.DELETED.value, State.FAILED.value)
         )
+        if quota is not None and not retry:
+            # Past its quota, a tenant is told so before anything asks Spark:
+            # the answer does not depend on what Spark has now, and an
+            # over-quota create costs the control plane no call to it.
+            # (Checked again below, under the lock, with the row written.)
+            with self._lock:
+                self._check_quota(spec.name, int(spec.max_workers or 0), quota)
         if not retry:
             # A cluster Spark can never fit is RESOURCE_EXHAUSTED now, not a
             # FAILED state later (the first create waits for Spark to start).

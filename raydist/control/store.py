@@ -129,6 +129,11 @@ class Store:
             columns = {r["name"] for r in db.execute("PRAGMA table_info(clusters)")}
             if "owner" not in columns:  # a state.db from before tenants: its clusters are the admin's
                 db.execute("ALTER TABLE clusters ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+            # Writable now, too: in WAL mode another process's write lock
+            # leaves reads free, so without this a store another writer holds
+            # opened, and the first write (after Spark started) failed.
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("ROLLBACK")
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
