@@ -284,10 +284,7 @@ class Chaos:
             self.round.remove(kills[0])  # (the round moves on: a kind that never finds one cannot stall it)
             kind = next((k for k, found in candidates.items() if found), "server")
         if kind == "server":
-            self.restarting.set()
-            self.server.kill()
-            self.server.start()
-            self.restarting.clear()
+            self._restart()
             return "server SIGKILLed and restarted"
         victim = self.rng.choice(candidates[kind])
         try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,16 +25,14 @@ __all__ = ["TfConfig", "worker_address", "set_tf_config"]
 
 def worker_address() -> str:
     """This worker's ``host:port`` for TensorFlow's collective ops: the node's
-    address and a port free on it now (TensorFlow binds it moments later)."""
+    address and a port free on it now, outside Ray's worker ports, as every
+    port raydist picks (TensorFlow binds it moments later)."""
     import ray.util
 
+    from raydist.engine.ports import free_port
+
     host = ray.util.get_node_ip_address()
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("", 0))
-        port = sock.getsockname()[1]
-    return f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+    return f"{host}:{free_port(host)}"
 
 
 def set_tf_config(addresses: list[str], index: int) -> None:

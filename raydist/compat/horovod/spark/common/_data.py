@@ -16,8 +16,9 @@ from typing import Any
 
 from raydist.errors import DataFormatError, TrainingConfigError
 
-__all__ = ["prepare", "column_kinds", "is_vector"]
+__all__ = ["prepare", "column_kinds", "as_arrays", "is_vector", "VALIDATION_COLUMN"]
 
+#: The column that marks a prepared row as a validation row.
 VALIDATION_COLUMN = "__raydist_validation"
 
 
@@ -49,17 +50,24 @@ def column_kinds(df: Any, columns: Sequence[str], field: str) -> dict[str, str]:
     return kinds
 
 
+def as_arrays(kinds: dict[str, str]) -> list[Any]:
+    """The columns of ``kinds`` as Spark expressions, vectors turned into arrays (what Arrow carries)."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+
+    return [vector_to_array(F.col(c)).alias(c) if kind == "vector" else F.col(c) for c, kind in kinds.items()]
+
+
 def prepare(df: Any, *, feature_cols: Sequence[str], label_cols: Sequence[str], sample_weight_col: str | None,
             validation: Any, seed: int | None, partitions: int) -> Any:
     """``df`` as the ranks read it: the model's columns (vectors as arrays),
     the validation mark, ``partitions`` partitions."""
-    from pyspark.ml.functions import vector_to_array
     from pyspark.sql import functions as F
 
     kinds = column_kinds(df, feature_cols, "feature_cols") | column_kinds(df, label_cols, "label_cols")
     if sample_weight_col:
         kinds |= column_kinds(df, [sample_weight_col], "sample_weight_col")
-    selected = [vector_to_array(F.col(c)).alias(c) if kind == "vector" else F.col(c) for c, kind in kinds.items()]
+    selected = as_arrays(kinds)
     if isinstance(validation, str) and validation:
         column_kinds(df, [validation], "validation")
         selected.append(F.col(validation).cast("boolean").alias(VALIDATION_COLUMN))

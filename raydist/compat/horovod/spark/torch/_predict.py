@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from raydist.compat.horovod.spark.common import _data
+from raydist.compat.horovod.spark.torch._remote import feature_tensors
 
 __all__ = ["add_predictions"]
 
@@ -22,17 +23,9 @@ _INTEGRAL = {"tinyint", "smallint", "int", "bigint"}
 
 def _run(model: Any, columns: Sequence[Any], shapes: Sequence[Any]) -> list[Any]:
     """The model's outputs for these rows (pandas Series of features), as numpy arrays."""
-    import numpy as np
     import torch
 
-    inputs = []
-    for values, shape in zip(columns, shapes, strict=True):
-        first = values.iloc[0] if len(values) else 0.0
-        if isinstance(first, (list, tuple, np.ndarray)):
-            tensor = torch.as_tensor(np.stack([np.asarray(v, dtype=np.float32) for v in values]))
-        else:
-            tensor = torch.as_tensor(values.to_numpy(dtype=np.float32))
-        inputs.append(tensor if shape is None else tensor.reshape(shape))
+    inputs = feature_tensors(list(columns), list(shapes))
     with torch.no_grad():
         outputs = model(*inputs)
     outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
@@ -44,13 +37,13 @@ def add_predictions(df: Any, *, model: Any, feature_cols: list[str], input_shape
     """``df`` with one prediction column per label, named by ``output_cols``."""
     import pandas as pd
     from pyspark import cloudpickle
-    from pyspark.ml.functions import array_to_vector, vector_to_array
+    from pyspark.ml.functions import array_to_vector
     from pyspark.sql import functions as F
     from pyspark.sql.functions import pandas_udf
 
     shapes = list(input_shapes or [None] * len(feature_cols))
     kinds = _data.column_kinds(df, feature_cols, "feature_cols")
-    features = [vector_to_array(F.col(c)) if kind == "vector" else F.col(c) for c, kind in kinds.items()]
+    features = _data.as_arrays(kinds)
     # Which outputs are vectors: the model's answer for one row says (Horovod asks it the same way).
     probe = df.select(*[f.alias(f"f{i}") for i, f in enumerate(features)]).limit(1).toPandas()
     widths = [o.shape[1] for o in _run(model, [probe[f"f{i}"] for i in range(len(features))], shapes)] \

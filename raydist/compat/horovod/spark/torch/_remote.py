@@ -19,13 +19,12 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RankSpec", "train_rank", "VALIDATION_COLUMN"]
+from raydist.compat.horovod.spark.common._data import VALIDATION_COLUMN
 
-#: The column that marks a prepared row as a validation row.
-VALIDATION_COLUMN = "__raydist_validation"
+__all__ = ["RankSpec", "train_rank", "column_tensor", "feature_tensors"]
 
 
 @dataclass
@@ -57,7 +56,6 @@ class RankSpec:
     checkpoint_file: str | None
     logs_dir: str | None
     resume_state: dict[str, Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _read_rows() -> Any:
@@ -68,7 +66,7 @@ def _read_rows() -> Any:
         return pa.ipc.open_stream(f).read_all().to_pandas()
 
 
-def _column(values: Any) -> Any:
+def column_tensor(values: Any) -> Any:
     """A column's values as one float tensor: rows of arrays stacked, scalars as they are."""
     import numpy as np
     import torch
@@ -77,6 +75,12 @@ def _column(values: Any) -> Any:
     if isinstance(first, (list, tuple, np.ndarray)):
         return torch.as_tensor(np.stack([np.asarray(v, dtype=np.float32) for v in values]))
     return torch.as_tensor(values.to_numpy(dtype=np.float32))
+
+
+def feature_tensors(columns: list[Any], shapes: list[Any]) -> list[Any]:
+    """The model's inputs: each feature column as a tensor, in its input shape (None: as it stacks)."""
+    return [column_tensor(values) if shape is None else column_tensor(values).reshape(shape)
+            for values, shape in zip(columns, shapes, strict=True)]
 
 
 def _default_minibatch(model: Any, optimizer: Any, transform_outputs: Callable[..., Any],
@@ -123,7 +127,6 @@ class _Mean:
 def train_rank(spec: RankSpec) -> tuple[list[dict[str, Any]], bytes, bytes] | None:
     """Train this rank's share; rank 0 returns (history, model state, optimizer state)."""
     import torch
-    import torch.distributed as dist
 
     import raydist.compat.horovod.torch as hvd
 
@@ -138,16 +141,15 @@ def train_rank(spec: RankSpec) -> tuple[list[dict[str, Any]], bytes, bytes] | No
 
     hvd.init()
     try:
-        return _train(spec, hvd, torch, dist, train_rows, val_rows, validating is not None)
+        return _train(spec, train_rows, val_rows, validating is not None)
     finally:
         hvd.shutdown()
 
 
 def _tensors(spec: RankSpec, part: Any) -> tuple[list[Any], list[Any], Any]:
-    inputs = [_column(part[c]) if shape is None else _column(part[c]).reshape(shape)
-              for c, shape in zip(spec.feature_cols, spec.input_shapes, strict=True)]
-    labels = [_column(part[c]) for c in spec.label_cols]
-    weights = _column(part[spec.sample_weight_col]) if spec.sample_weight_col else None
+    inputs = feature_tensors([part[c] for c in spec.feature_cols], spec.input_shapes)
+    labels = [column_tensor(part[c]) for c in spec.label_cols]
+    weights = column_tensor(part[spec.sample_weight_col]) if spec.sample_weight_col else None
     return inputs, labels, weights
 
 
@@ -162,8 +164,13 @@ def _batches(count: int, size: int, shuffle: bool, seed: int) -> Iterator[Any]:
             yield order[start:start + size]
 
 
-def _train(spec: RankSpec, hvd: Any, torch: Any, dist: Any, train_rows: Any, val_rows: Any,
+def _train(spec: RankSpec, train_rows: Any, val_rows: Any,
            should_validate: bool) -> tuple[list[dict[str, Any]], bytes, bytes] | None:
+    import torch
+    import torch.distributed as dist
+
+    import raydist.compat.horovod.torch as hvd
+
     model = spec.model
     cuda = torch.cuda.is_available()
     if cuda:
