@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import io
+import os
 import time
 from typing import Any, ClassVar
 
@@ -179,7 +180,7 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
         checkpoint = logs = None
         resume = None
         if store is not None:
-            checkpoint = f"{store.get_checkpoint_path(run_id)}/{store.get_checkpoint_filename()}"
+            checkpoint = os.path.join(store.get_checkpoint_path(run_id), store.get_checkpoint_filename())
             logs = store.get_logs_path(run_id)
             if store.exists(checkpoint):
                 import torch
@@ -207,7 +208,7 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
             random_seed=self.getRandomSeed(), verbose=int(self.getVerbose() or 0),
             backward_passes_per_step=self.getBackwardPassesPerStep(), compression=self.getGradientCompression(),
             train_minibatch_fn=self.getTrainMinibatchFn(), transformation_fn=self.getTransformationFn(),
-            checkpoint_file=checkpoint, logs_dir=logs, resume_state=resume,
+            checkpoint_file=checkpoint, logs_dir=logs, store=store, resume_state=resume,
         )
         return spec, num_proc
 

@@ -55,6 +55,8 @@ class RankSpec:
     transformation_fn: Callable[..., Any] | None
     checkpoint_file: str | None
     logs_dir: str | None
+    #: The Store the checkpoint is written through (set with ``checkpoint_file``).
+    store: Any = None
     resume_state: dict[str, Any] | None = None
 
 
@@ -259,7 +261,7 @@ def _train(spec: RankSpec, train_rows: Any, val_rows: Any,
             print(record, flush=True)
         history.append(record)
         if hvd.rank() == 0:
-            _checkpoint(spec, torch, model, optimizer, record, cuda)
+            _checkpoint(spec, model, optimizer, record, cuda)
     if hvd.rank() != 0:
         return None
     model.cpu()
@@ -275,14 +277,15 @@ def _saved(torch: Any, obj: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _checkpoint(spec: RankSpec, torch: Any, model: Any, optimizer: Any, record: dict[str, Any], cuda: bool) -> None:
-    """Rank 0, after each epoch: the model and optimizer under the Store, and the epoch's line in its logs."""
+def _checkpoint(spec: RankSpec, model: Any, optimizer: Any, record: dict[str, Any], cuda: bool) -> None:
+    """Rank 0, after each epoch: the model and optimizer under the Store
+    (written whole, by the Store), and the epoch's line in its logs."""
+    import torch
+
     if spec.checkpoint_file:
         model.cpu()
-        os.makedirs(os.path.dirname(spec.checkpoint_file), exist_ok=True)
-        partial = f"{spec.checkpoint_file}.partial"
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, partial)
-        os.replace(partial, spec.checkpoint_file)
+        spec.store.write(spec.checkpoint_file, _saved(torch, {"model": model.state_dict(),
+                                                             "optimizer": optimizer.state_dict()}))
         if cuda:
             model.cuda()
     if spec.logs_dir:
