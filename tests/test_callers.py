@@ -73,8 +73,47 @@ def test_tenants_beside_heads_on_the_driver_are_refused_with_the_fix(tmp_path) -
         ServerConfig.from_toml(tenant + "[spark]\nmaster = 'local-cluster[2,1,1024]'\n").check_isolation()
     assert caught.value.field == "ray.head" and 'head = "executor"' in str(caught.value)
     ServerConfig.from_toml(tenant + "[ray]\nhead = 'executor'\n").check_isolation()  # heads in tasks: served
-    ServerConfig.from_toml(tenant + "[spark]\nmaster = 'spark://m:7077'\n").check_isolation()
+    own = tenant + "spark_remote = 'sc://spark-team:15002'\n"
+    ServerConfig.from_toml(own + "[spark]\nmaster = 'spark://m:7077'\n").check_isolation()
     ServerConfig.from_toml("[spark]\nmaster = 'local[2]'\n").check_isolation()  # no tenants: the admin's alone
+
+
+def test_tenants_sharing_a_spark_application_on_a_cluster_manager_are_refused_with_the_fix(tmp_path) -> None:
+    """On a cluster manager a tenant's Ray tasks run in Spark executors, which
+    can act toward their driver as executors (on Kubernetes with Spark's auth
+    secret) and read the task data of every cluster of that application:
+    each tenant needs a Spark application of its own, or says it shares."""
+    from raydist.control.config import ServerConfig
+    from raydist.errors import SpecError
+
+    token = tmp_path / "t"
+    token.write_text("a-token-of-the-team-" + "x" * 8)
+    token.chmod(0o600)
+    tenant = f'[tenants.team]\ntoken_file = "{token}"\n'
+    for spark in ("[spark]\nmaster = 'spark://m:7077'\n", "[spark]\nmaster = 'k8s://https://k:443'\n",
+                  "[spark]\nremote = 'sc://spark:15002'\n"):
+        with pytest.raises(SpecError) as caught:
+            ServerConfig.from_toml(tenant + spark).check_isolation()
+        assert caught.value.field == "tenants.team.spark_remote", spark
+        assert "spark_remote = \"sc://" in str(caught.value) and "shared_spark = true" in str(caught.value)
+        ServerConfig.from_toml(tenant + "shared_spark = true\n" + spark).check_isolation()  # said so: served
+        ServerConfig.from_toml(tenant + "spark_remote = 'sc://team:15002'\n" + spark).check_isolation()
+    admin = f'[tenants.ops]\ntoken_file = "{token}"\nadmin = true\n'
+    ServerConfig.from_toml(admin + "[spark]\nmaster = 'spark://m:7077'\n").check_isolation()  # sees all anyway
+    # Each application is one tenant's: a second tenant, or the control plane, on it is refused.
+    two = (f'[tenants.a]\ntoken_file = "{token}"\nspark_remote = "sc://s:1"\n'
+           f'[tenants.b]\ntoken_file = "{token}"\nspark_remote = "sc://s:1"\n')
+    with pytest.raises(SpecError) as caught:
+        ServerConfig.from_toml(two)
+    assert caught.value.field == "tenants.b.spark_remote" and "tenant a has this one" in str(caught.value)
+    with pytest.raises(SpecError) as caught:
+        ServerConfig.from_toml("[spark]\nremote = 'sc://s:1'\n" + two.split("[tenants.b]")[0])
+    assert caught.value.field == "tenants.a.spark_remote" and "the control plane has this one" in str(caught.value)
+    for bad, field in (("spark_remote = 'http://s:1'", "spark_remote"), ("spark_remote = 1", "spark_remote"),
+                       ("spark_remote = 'sc://s:1'\nshared_spark = true", "shared_spark")):
+        with pytest.raises(SpecError) as caught:
+            ServerConfig.from_toml(tenant + bad + "\n")
+        assert caught.value.field == f"tenants.team.{field}", bad
 
 
 def test_a_head_on_the_driver_gets_an_environment_of_its_own() -> None:

@@ -57,7 +57,8 @@ class _Manager:
         self.spark_host = host
         self.died = 0
 
-    def spark_died(self) -> list[str]:
+    def spark_died(self, host: SparkHost) -> list[str]:
+        assert host is self.spark_host
         self.died += 1
         self.spark_host.lose("its SparkContext died")
         if self.died == 1:

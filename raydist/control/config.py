@@ -177,10 +177,20 @@ class ServerConfig:
         for key, value in self.spark_conf.items():
             if not key.startswith("spark."):
                 raise SpecError(f"spark.conf.{key}", value, "Spark settings start with 'spark.'")
+        remotes: dict[str, str] = {self.spark_remote: "the control plane"} if self.spark_remote else {}
         for tenant in self.tenants:
             if tenant.subject and not self.tls_client_ca:
                 raise SpecError(f"tenants.{tenant.name}.subject", tenant.subject,
                                 "a certificate subject needs mTLS: set server.tls_client_ca (and tls_cert, tls_key)")
+            if tenant.spark_remote:
+                if tenant.spark_remote in remotes:
+                    raise SpecError(f"tenants.{tenant.name}.spark_remote", tenant.spark_remote,
+                                    f"a Spark application of its own ({remotes[tenant.spark_remote]} has this one)")
+                remotes[tenant.spark_remote] = f"tenant {tenant.name}"
+                if self.head == "driver":
+                    raise SpecError("ray.head", self.head,
+                                    f"'executor' or 'auto': tenant {tenant.name}'s clusters run on a Spark Connect "
+                                    "server, whose client runs no Spark driver, so heads run in Spark tasks")
 
     @classmethod
     def from_toml(cls, text: str, source: str = "config") -> ServerConfig:
@@ -263,21 +273,41 @@ class ServerConfig:
         """Whether clusters' heads run in Spark tasks (``head``, resolved)."""
         if self.head != "auto":
             return self.head == "executor"
-        if self.spark_remote:
-            return True
-        master = self.spark_master or os.environ.get("RAYDIST_SPARK_MASTER") or ""
-        return bool(master) and not master.startswith("local")
+        return self.on_cluster_manager()
 
     def check_isolation(self) -> None:
         """Refuse a configuration whose tenants would run code beside the
         control plane: with heads on the driver, a tenant's Ray jobs run on
         the head node, in the control plane's process tree, where its token,
-        its store and every cluster's Ray token are. SpecError naming the fix."""
+        its store and every cluster's Ray token are; on a cluster manager, a
+        tenant's Ray tasks in the executors of a Spark application it shares
+        with other clusters can read their task data. SpecError naming the fix."""
         if any(not t.admin for t in self.tenants) and not self.heads_in_tasks():
             raise SpecError("ray.head", self.head,
                             "tenants need each cluster's head in a Spark task of its own: set head = \"executor\" "
                             "in [ray] (or --head executor), or run the control plane on a cluster manager "
                             "(spark://, k8s://, YARN), where that is the default")
+        if not self.on_cluster_manager():
+            return  # one machine, one user: tenants are kept apart at the API, not by Spark
+        for tenant in self.tenants:
+            # A Ray task runs in a Spark executor, which holds what an executor
+            # needs toward its driver (on Kubernetes, Spark's auth secret): with
+            # it, a task can read the task data of every cluster on the same
+            # application, other tenants' node keys and Ray tokens among them.
+            if not tenant.admin and not tenant.spark_remote and not tenant.shared_spark:
+                raise SpecError(f"tenants.{tenant.name}.spark_remote", None,
+                                "a Spark application of the tenant's own (spark_remote = \"sc://...\", a Spark "
+                                "Connect server run for it): its Ray tasks run in Spark executors, which can read "
+                                "the task data of every cluster on the same application. Or set shared_spark = true "
+                                "where the tenants trust each other")
+
+    def on_cluster_manager(self) -> bool:
+        """Whether the control plane's Spark runs on a cluster manager (or a
+        Spark Connect server), not on this machine alone."""
+        if self.spark_remote:
+            return True
+        master = self.spark_master or os.environ.get("RAYDIST_SPARK_MASTER") or ""
+        return bool(master) and not master.startswith("local")
 
     def merged(self, **overrides: Any) -> ServerConfig:
         """A copy with the given fields replaced; ``None`` leaves a field as is,

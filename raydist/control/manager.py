@@ -1,6 +1,6 @@
-"""Many named clusters on one SparkSession (:mod:`raydist.control.sparkhost`),
-with durable state: the manager starts and tears down ``RayCluster`` objects
-off the event loop, writes every state change and event to the store, and
+"""Many named clusters on the control plane's SparkSession, or on a tenant's
+own Spark application (:mod:`raydist.control.sparkhost`), with durable state:
+the manager starts and tears down ``RayCluster`` objects off the event loop, writes every state change and event to the store, and
 keeps each cluster's proto ready (:mod:`raydist.control.protos`) so that
 reads never touch SQLite."""
 
@@ -52,12 +52,17 @@ class ClusterManager:
 
     def __init__(self, store: Store, spark_factory: Callable[[], Any], on_change: Callable[[str], None], *,
                  head_ports: Mapping[str, int] | None = None, head_in_task: bool = True,
-                 link_ports: tuple[int, int] | None = None) -> None:
+                 link_ports: tuple[int, int] | None = None,
+                 tenant_sparks: Mapping[str, Callable[[], Any]] | None = None) -> None:
         from raydist._proto import pb
 
         self._pb = pb
         self._store = store
         self.spark_host = SparkHost(spark_factory)
+        #: Tenants with a Spark application of their own (``spark_remote``):
+        #: their clusters run there, never on the control plane's.
+        self.tenant_hosts = {tenant: SparkHost(factory, f"tenant {tenant}'s Spark application")
+                             for tenant, factory in (tenant_sparks or {}).items()}
         self._on_change = on_change
         # Writers' lock (store rows, engines, cache entries); never taken by a
         # read, so no read waits on SQLite or a cluster's lock.
@@ -73,25 +78,37 @@ class ClusterManager:
         self._dirty_cond = threading.Condition()
         self._syncer: threading.Thread | None = None
         self._head_ports = dict(head_ports or {})
-        self._head_in_task = head_in_task
+        self._heads_in_tasks = head_in_task
         self._link_ports = link_ports
 
-    @property
-    def spark(self) -> Any:
-        """The server's SparkSession (:attr:`SparkHost.session`)."""
-        return self.spark_host.session
+    def host_of(self, name: str) -> SparkHost:
+        """The Spark that the cluster the engine calls ``name`` runs on: its
+        owner's own application, else the control plane's."""
+        return self.tenant_hosts.get(owner_of(name), self.spark_host)
 
-    def spark_died(self) -> list[str]:
-        """The server's SparkContext died (its JVM was killed, it stopped
-        itself): every cluster on it died with it. Tear what is left of them
-        down, mark each CREATING when its spec asks to come back (returned,
-        for :meth:`restart` once a new session runs) or FAILED with the
-        reason, and let go of the dead session."""
+    def hosts(self) -> list[SparkHost]:
+        """Every Spark this control plane holds, its own first."""
+        return [self.spark_host, *self.tenant_hosts.values()]
+
+    def _head_in_task(self, name: str) -> bool:
+        # A tenant's own application is a Connect server: no driver here to hold a head.
+        return self._heads_in_tasks or owner_of(name) in self.tenant_hosts
+
+    def spark_died(self, host: SparkHost | None = None) -> list[str]:
+        """``host``'s SparkContext (the control plane's own when None) died:
+        its JVM was killed, it stopped itself, and every cluster on it died
+        with it. Tear what is left of them down, mark each CREATING when its
+        spec asks to come back (returned, for :meth:`restart` once a new
+        session runs) or FAILED with the reason, and let go of the dead
+        session. Clusters on the other Sparks are not touched."""
         from raydist.engine.sides import side_of
 
-        spark = self.spark_host.lose("its SparkContext died; a new one is starting")
+        host = host or self.spark_host
+        spark = host.lose("its SparkContext died; a new one is starting")
         with self._lock:
-            engines, self._engines = dict(self._engines), {}
+            engines = {name: engine for name, engine in self._engines.items() if self.host_of(name) is host}
+            for name in engines:
+                del self._engines[name]
         for name, engine in engines.items():
             try:
                 engine.down(timeout=15.0)
@@ -293,9 +310,9 @@ class ClusterManager:
             # Only a retry of a live create skips the check (it was done).
             from raydist.engine import spark as spark_side
 
-            cap = spark_side.capacity(self.spark)
+            cap = spark_side.capacity(self.host_of(spec.name).session)
             spark_side.check_fits(spec, cap, spec.cpus_per_worker or cap.cores_per_executor,
-                                  max(1, spec.head_cpus) if self._head_in_task else 0)
+                                  max(1, spec.head_cpus) if self._head_in_task(spec.name) else 0)
         with self._lock:
             row = self._store.get(spec.name)
             if row is not None and row.state not in (State.DELETED.value, State.FAILED.value):
@@ -345,8 +362,8 @@ class ClusterManager:
 
         try:
             # A token of its own: a user of one cluster cannot reach another.
-            engine = RayCluster(spec, self.spark, token=RayToken.generate(), on_event=on_event,
-                                head_ports=self._head_ports, head_in_task=self._head_in_task,
+            engine = RayCluster(spec, self.host_of(spec.name).session, token=RayToken.generate(), on_event=on_event,
+                                head_ports=self._head_ports, head_in_task=self._head_in_task(spec.name),
                                 link_ports=self._link_ports)
             with self._lock:
                 if self._starting.get(spec.name) != row.created:
@@ -503,7 +520,21 @@ class ClusterManager:
     def restart(self, names: list[str]) -> None:
         """Start again the clusters :meth:`reconcile` marked (in the
         background, once the server serves). One that Spark cannot fit, or
-        that fails to start, is FAILED with the reason; its row stays."""
+        that fails to start, is FAILED with the reason; its row stays. Each
+        Spark's clusters wait for that Spark alone: a tenant's application
+        that is down holds back no other's."""
+        by_host: dict[int, tuple[SparkHost, list[str]]] = {}
+        for name in names:
+            host = self.host_of(name)
+            by_host.setdefault(id(host), (host, []))[1].append(name)
+        waits = [threading.Thread(target=self._restart_on, args=(host, some), name="raydist-restart-wait",
+                                  daemon=True) for host, some in by_host.values()]
+        for wait in waits:
+            wait.start()
+        for wait in waits:
+            wait.join()
+
+    def _restart_on(self, host: SparkHost, names: list[str]) -> None:
         from raydist.engine import spark as spark_side
 
         for name in names:
@@ -513,14 +544,14 @@ class ClusterManager:
             spec = ClusterSpec.from_dict(row.spec)
             while True:  # a row waits (CREATING) while Spark is retried
                 try:
-                    spark = self.spark
+                    spark = host.session
                     break
                 except ControlPlaneUnavailableError:
                     time.sleep(2.0)
             try:
                 cap = spark_side.capacity(spark)
                 spark_side.check_fits(spec, cap, spec.cpus_per_worker or cap.cores_per_executor,
-                                  max(1, spec.head_cpus) if self._head_in_task else 0)
+                                      max(1, spec.head_cpus) if self._head_in_task(name) else 0)
             except Exception as exc:  # noqa: BLE001 - the reason goes to the row, the server keeps serving
                 self._fail(name, f"could not start again after the control plane restarted: {exc}")
                 continue
@@ -586,9 +617,13 @@ class ClusterManager:
                             failed="the control plane stopped, and its clusters with it")
         # A Spark start still in progress finishes first (it holds the lock),
         # then stops: a SparkContext left running keeps this process alive.
-        spark = self.spark_host.lose("the control plane is stopping")
-        if spark is not None:
-            spark.stop()
+        for host in self.hosts():
+            spark = host.lose("the control plane is stopping")
+            if spark is not None:
+                try:
+                    spark.stop()
+                except Exception:  # noqa: BLE001 - the other sessions stop all the same
+                    log.exception("stopping %s", host.label)
 
     def _refresh(self, row: ClusterRow) -> None:
         with self._lock:

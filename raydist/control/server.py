@@ -35,6 +35,7 @@ from raydist.control.config import ServerConfig
 from raydist.control.manager import ClusterManager
 from raydist.control.metrics import Metrics
 from raydist.control.protos import ts as _ts
+from raydist.control.sparkhost import SparkHost
 from raydist.control.status import code_for
 from raydist.control.store import Store
 from raydist.control.tenants import Caller, Tenants, current_caller
@@ -266,7 +267,8 @@ class ClusterService(rpc.ClusterServiceServicer):
         caller = current_caller()
 
         def info() -> Any:
-            master, ui = self.m.spark_host.info()
+            # A tenant with a Spark application of its own is told about that one.
+            master, ui = self.m.tenant_hosts.get(caller.name, self.m.spark_host).info()
             return pb.ServerInfo(version=__version__, spark_master=master, spark_ui_url=ui,
                                  clusters=self.m.count(visible=caller.sees))
 
@@ -333,34 +335,36 @@ PRUNE_EVERY_S = 60.0
 SPARK_CHECK_S = 2.0
 
 
-def _keep_spark(manager: ClusterManager, on_state: Callable[[bool, str], None], stop: threading.Event) -> None:
-    """Start the server's Spark, then watch it: when it dies (its JVM was
-    killed, it stopped itself) the service answers NOT_SERVING, the clusters
-    that ran on it are torn down, a new session is built, and the clusters
-    that ask to come back start again on it."""
-    host = manager.spark_host
+def _keep_spark(manager: ClusterManager, on_state: Callable[[bool, str], None], stop: threading.Event,
+                host: SparkHost | None = None) -> None:
+    """Start one of the server's Sparks (its own when ``host`` is None),
+    then watch it: when it dies (its JVM was killed, it stopped itself)
+    ``on_state`` hears it (the server's own: the service answers
+    NOT_SERVING), the clusters that ran on it are torn down, a new session
+    is built, and the clusters that ask to come back start again on it."""
+    host = host or manager.spark_host
     host.start(on_state, stop)
     if not host.error:
         _freeze_heap()
     while not stop.wait(SPARK_CHECK_S):
         try:
-            _heal_spark(manager, on_state, stop)
+            _heal_spark(manager, host, on_state, stop)
         except Exception:  # noqa: BLE001 - this watch must outlive one failure (a store error, a py4j fault)
-            log.exception("watching the control plane's Spark failed; watching on")
+            log.exception("watching %s failed; watching on", host.label)
 
 
-def _heal_spark(manager: ClusterManager, on_state: Callable[[bool, str], None], stop: threading.Event) -> None:
-    """One look at the server's Spark: when it died, its clusters go, a new
+def _heal_spark(manager: ClusterManager, host: SparkHost, on_state: Callable[[bool, str], None],
+                stop: threading.Event) -> None:
+    """One look at ``host``: when its Spark died, its clusters go, a new
     session starts, and the clusters that ask to come back start on it."""
-    host = manager.spark_host
     if host.alive():
         if not host.started:
             host.start(on_state, stop)  # a heal that failed half-way left no session: start one
         return
-    log.error("the control plane's SparkContext died; tearing its clusters down and starting a new one")
+    log.error("%s died; tearing its clusters down and starting a new one", host.label)
     on_state(False, "its SparkContext died")
     try:
-        back = manager.spark_died()
+        back = manager.spark_died(host)
     finally:
         host.start(on_state, stop)  # whatever tearing down did, the server gets a Spark again
     if back and not stop.is_set():
@@ -401,9 +405,15 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
             return connect_session(config.spark_remote, config.spark_conf)
         return embedded_session(config.spark_master, config.spark_conf)
 
+    def tenant_spark(remote: str) -> Callable[[], Any]:
+        # The tenant's application is configured where its Connect server runs.
+        return lambda: connect_session(remote)
+
     manager = ClusterManager(store, spark, notify,
                              head_ports=config.head_ports, head_in_task=config.heads_in_tasks(),
-                             link_ports=config.link_port_range())
+                             link_ports=config.link_port_range(),
+                             tenant_sparks={t.name: tenant_spark(t.spark_remote) for t in config.tenants
+                                            if t.spark_remote})
     metrics = Metrics(manager.states, manager.node_counters)
     # Before Spark starts (see load_or_create_server_token).
     tenants = Tenants(load_or_create_server_token(), config.tenants)
@@ -426,6 +436,11 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
 
     threading.Thread(target=_keep_spark, args=(manager, on_spark, spark_stop), name="raydist-spark",
                      daemon=True).start()
+    for tenant, host in manager.tenant_hosts.items():
+        # A tenant's Spark that is down is that tenant's creates' UNAVAILABLE
+        # (with the reason), not the service's health: the others are served.
+        threading.Thread(target=_keep_spark, args=(manager, lambda running, reason: None, spark_stop, host),
+                         name=f"raydist-spark-{tenant}", daemon=True).start()
     # Before serving, the store tells the truth (store writes only); the
     # clusters that come back start once the server serves.
     restart = await asyncio.to_thread(manager.reconcile)

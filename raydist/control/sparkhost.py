@@ -22,10 +22,12 @@ log = logging.getLogger(__name__)
 
 
 class SparkHost:
-    """Owns the server's SparkSession, made by ``factory``."""
+    """Owns one SparkSession of the server, made by ``factory``: the control
+    plane's own, or a tenant's (``label`` names it in errors)."""
 
-    def __init__(self, factory: Callable[[], Any]) -> None:
+    def __init__(self, factory: Callable[[], Any], label: str = "the control plane's Spark") -> None:
         self._factory = factory
+        self.label = label
         self._spark: Any = None
         self._lock = threading.Lock()
         self.error = ""  # why Spark does not run now ("" once it does)
@@ -40,7 +42,7 @@ class SparkHost:
             if self._spark is None:
                 if self.error:
                     raise ControlPlaneUnavailableError(
-                        f"the control plane's Spark is not running ({self.error}); it is retried, try again shortly")
+                        f"{self.label} is not running ({self.error}); it is retried, try again shortly")
                 self._spark = self._factory()
                 self._info = _info_of(self._spark)
             return self._spark
@@ -60,7 +62,7 @@ class SparkHost:
                     self.error = ""
                 except Exception as exc:  # noqa: BLE001 - reported, then retried
                     self.error = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-                    log.warning("Spark did not start (%s); retrying in %g s", self.error, backoff)
+                    log.warning("%s did not start (%s); retrying in %g s", self.label, self.error, backoff)
             on_state(self._spark is not None, self.error)
             if self._spark is not None or stop.wait(backoff):
                 return

@@ -15,6 +15,19 @@ A deployment names its tenants in ``raydist.toml``::
     token_file = "/etc/raydist/tokens/ops"
     admin = true                               # sees and controls every cluster
 
+    [tenants.carol]
+    token_file = "/etc/raydist/tokens/carol"
+    spark_remote = "sc://spark-carol:15002"    # carol's clusters run in a Spark application of her own
+
+Where tenants share one Spark application, a tenant's Ray task shares the
+executors, and so Spark's own credentials, with every other cluster of that
+application: it may act as an executor toward the Spark driver and read the
+task data that starts other tenants' nodes. On a cluster manager (``spark://``,
+``k8s://``, YARN, a ``[spark] remote``) each tenant therefore needs a Spark
+application of its own (``spark_remote``, a Spark Connect server run for it)
+or says it shares the control plane's (``shared_spark = true``): see
+:meth:`raydist.control.config.ServerConfig.check_isolation`.
+
 The control plane's own token (``RAYDIST_TOKEN`` or ``RAYDIST_HOME/
 control_token``) is always an admin's. With no ``[tenants]`` it is the only
 identity, as before.
@@ -138,6 +151,11 @@ class TenantConfig:
     subject: str = ""
     admin: bool = False
     quota: Quota = field(default_factory=Quota)
+    #: The tenant's own Spark application (a Spark Connect server), where its
+    #: clusters run; "" for the control plane's.
+    spark_remote: str = ""
+    #: Whether the tenant knowingly shares the control plane's Spark application.
+    shared_spark: bool = False
 
     @classmethod
     def from_mapping(cls, name: str, table: Any) -> TenantConfig:
@@ -150,8 +168,8 @@ class TenantConfig:
             raise SpecError(where, name, "a tenant name of at most 30 characters")
         if not isinstance(table, Mapping):
             raise SpecError(where, table, "a table with token_file, subject and admin")
-        allowed: dict[str, type] = {"token_file": str, "subject": str, "admin": bool,
-                                    **{key: int for key in Quota.keys()}}
+        allowed: dict[str, type] = {"token_file": str, "subject": str, "admin": bool, "spark_remote": str,
+                                    "shared_spark": bool, **{key: int for key in Quota.keys()}}
         for key, value in table.items():
             kind = allowed.get(key)
             if kind is None:
@@ -163,9 +181,19 @@ class TenantConfig:
                 raise SpecError(f"{where}.{key}", value, "true or false" if kind is bool else "a string")
         quota = Quota(**{key: table[key] for key in Quota.keys() if key in table})
         tenant = cls(name, str(table.get("token_file", "")), str(table.get("subject", "")),
-                     bool(table.get("admin", False)), quota)
+                     bool(table.get("admin", False)), quota, str(table.get("spark_remote", "")),
+                     bool(table.get("shared_spark", False)))
         if not tenant.token_file and not tenant.subject:
             raise SpecError(where, dict(table), "give token_file (a bearer token) or subject (an mTLS certificate's)")
+        if "spark_remote" in table and not tenant.spark_remote.startswith("sc://"):
+            raise SpecError(f"{where}.spark_remote", tenant.spark_remote,
+                            "the tenant's Spark Connect server, such as sc://spark-" + name + ":15002")
+        if tenant.spark_remote and tenant.admin:
+            raise SpecError(f"{where}.spark_remote", tenant.spark_remote,
+                            "no spark_remote for an admin: an admin's clusters run on the control plane's Spark")
+        if tenant.spark_remote and tenant.shared_spark:
+            raise SpecError(f"{where}.shared_spark", True,
+                            "either spark_remote (a Spark application of its own) or shared_spark, not both")
         return tenant
 
 

@@ -87,15 +87,18 @@ def embedded_session(master: str | None = None, conf: Mapping[str, str] | None =
 
 
 def connect_session(url: str, conf: Mapping[str, str] | None = None) -> SparkSession:
-    """A Spark Connect session to ``url`` (``sc://host:port``) for raydist
-    to own (``raydist serve`` with ``[spark] remote``); ``conf``: session
-    settings. The server's executors must run a Python with raydist."""
+    """A new Spark Connect session to ``url`` (``sc://host:port``) for
+    raydist to own (``raydist serve`` with ``[spark] remote``, or a
+    tenant's ``spark_remote``); ``conf``: session settings. The server's
+    executors must run a Python with raydist. Always a session of its own:
+    a process that holds sessions to several Connect servers must never be
+    handed another's (``getOrCreate`` returns whichever is active)."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.remote(url)
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    return builder.create()
 
 
 def active_session() -> SparkSession | None:
