@@ -1,8 +1,8 @@
 """Many named clusters on the control plane's SparkSession, or on a tenant's
 own Spark application (:mod:`raydist.control.sparkhost`), with durable state:
-the manager starts and tears down ``RayCluster`` objects off the event loop, writes every state change and event to the store, and
-keeps each cluster's proto ready (:mod:`raydist.control.protos`) so that
-reads never touch SQLite."""
+the manager starts and tears down ``RayCluster`` objects off the event loop,
+writes every state change and event to the store, and keeps each cluster's
+proto ready (:mod:`raydist.control.protos`) so that reads never touch SQLite."""
 
 from __future__ import annotations
 
