@@ -157,6 +157,60 @@ def test_serve_runs_clusters_on_a_spark_it_reaches_only_through_connect(connect_
     assert not wait_no_ray_processes(ignore=before)
 
 
+def test_a_tenants_clusters_run_in_the_spark_application_of_its_own(connect_server, tmp_path) -> None:
+    """``[tenants.NAME] spark_remote``: the tenant's clusters run in its own
+    Spark application (here the module's Connect server), none in the control
+    plane's, so that no other party's code shares their executors. Another
+    tenant's Spark is the control plane's. (The control plane's own is
+    ``local[1]``: one slot, where a head and a worker could never fit.)"""
+    import psutil
+
+    from raydist.control.client import Client
+    from raydist.engine.ports import free_port
+    from raydist.engine.procs import ray_processes, wait_no_ray_processes
+    from tests.control_server import NO_CLUSTERS, Server
+    from tests.probe import until
+
+    tokens = {name: f"{name}-" + "k" * 24 for name in ("alice", "bob")}
+    lines = []
+    for name, token in tokens.items():
+        path = tmp_path / f"{name}.token"
+        path.write_text(token)
+        path.chmod(0o600)
+        lines += [f"[tenants.{name}]", f'token_file = "{path}"']
+    lines.insert(2, f'spark_remote = "{connect_server.url}"')  # alice's own application
+    config = tmp_path / "raydist.toml"
+    config.write_text("\n".join([*lines, "[ray]", 'head = "executor"']) + "\n")
+    before = {p.pid for p in ray_processes()}
+    server = Server(tmp_path, free_port(), ["--config", str(config)], master=NO_CLUSTERS).start().wait_serving()
+    try:
+        with Client(server.address, token=tokens["alice"]) as alice, Client(server.address, token=tokens["bob"]) as bob:
+            # Hers, once it has started (in the background, as the control plane's own does).
+            assert until(lambda: alice.server_info().spark_master, timeout=120), "alice's Spark never started"
+            assert alice.server_info().spark_master == "local-cluster[3,1,1024]"
+            assert bob.server_info().spark_master == NO_CLUSTERS  # the control plane's
+        env = {**server.env, "RAYDIST_TOKEN": tokens["alice"], "RAYDIST_HOME": str(tmp_path / "alice-home")}
+        up = subprocess.run([sys.executable, "-m", "raydist.cli", "up", "mine", "-w", "1", "--cpus-per-worker", "1"],
+                            env=env, capture_output=True, text=True, timeout=300)
+        assert up.returncode == 0, up.stdout + up.stderr + (tmp_path / "test-server.log").read_text()[-3000:]
+        # Every Ray process of her cluster descends from her Connect server's
+        # driver (its executors), none from the control plane's process.
+        ours = [p for p in ray_processes() if p.pid not in before]
+        assert ours, "no Ray process started"
+        for proc in ours:
+            try:
+                ancestors = {parent.pid for parent in proc.parents()}
+            except psutil.Error:
+                continue
+            assert connect_server.pid in ancestors and server.proc.pid not in ancestors, proc.cmdline()[:3]
+        down = subprocess.run([sys.executable, "-m", "raydist.cli", "down", "mine"], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert down.returncode == 0, down.stderr
+    finally:
+        assert server.stop() == 0
+    assert not wait_no_ray_processes(ignore=before)
+
+
 def test_a_client_nothing_can_dial_runs_a_cluster(no_leftover_ray, tmp_path) -> None:
     """The Connect server and its executors on one host, the client on
     another: the node links end in the head's task, and the client's host

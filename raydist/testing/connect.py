@@ -51,6 +51,11 @@ class ConnectServer:
     _proc: subprocess.Popen[bytes] | None = None
 
     @property
+    def pid(self) -> int | None:
+        """The server's process (its Spark driver, parent of its executors), while it runs."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
     def url(self) -> str:
         """The ``sc://`` address a client passes to ``SparkSession.builder.remote``."""
         return f"sc://{self.host}:{self.port}"
