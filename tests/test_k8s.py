@@ -4,8 +4,10 @@ schemas, and the files agree with each other and with raydist's own config."""
 from __future__ import annotations
 
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import kubernetes_validate
 import pytest
@@ -48,6 +50,35 @@ def _overlay_config(name: str) -> dict[str, str]:
     raise AssertionError(f"overlay {name} patches no ConfigMap")
 
 
+def _merge(into: Any, patch: Any) -> Any:
+    """``patch`` over ``into`` as kustomize's strategic merge does for these
+    files: maps key by key, lists of named items by name, other lists replaced."""
+    if isinstance(into, dict) and isinstance(patch, dict):
+        return {**into, **{k: _merge(into[k], v) if k in into else v for k, v in patch.items()}}
+    if isinstance(into, list) and isinstance(patch, list) and all(isinstance(i, dict) and "name" in i
+                                                                   for i in into + patch):
+        merged = {i["name"]: i for i in into}
+        for item in patch:
+            merged[item["name"]] = _merge(merged[item["name"]], item) if item["name"] in merged else item
+        return list(merged.values())
+    return patch
+
+
+def _build(name: str) -> list[dict[str, Any]]:
+    """What ``kubectl apply -k k8s/overlays/NAME`` applies: the base, the
+    overlay's own resources, its patches merged into what they name."""
+    overlay = K8S / "overlays" / name
+    docs = _base()
+    for res in _kustomization(overlay).get("resources", []):
+        if not (overlay / res / "kustomization.yaml").exists():
+            docs += _docs(overlay / res)
+    for patch in _kustomization(overlay).get("patches", []):
+        for doc in _docs(overlay / patch["path"]):
+            target = _one(docs, doc["kind"], doc["metadata"]["name"])
+            docs[docs.index(target)] = _merge(target, doc)
+    return docs
+
+
 def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
@@ -66,6 +97,86 @@ def _bytes(quantity: str) -> int:
     return int(quantity)
 
 
+@dataclass
+class _App:
+    """One Spark application of a deployment: the control plane's own, or a tenant's."""
+
+    name: str
+    conf: dict[str, str]  # its Spark settings
+    driver: dict[str, Any]  # its driver's pod template (a Deployment's)
+    template: str  # its executor pod template (YAML text)
+
+    def executor_secrets(self) -> set[str]:
+        """The Secrets Spark mounts into every executor pod of this application."""
+        return {k.removeprefix("spark.kubernetes.executor.secrets.") for k in self.conf
+                if k.startswith("spark.kubernetes.executor.secrets.")}
+
+    def executor_labels(self) -> dict[str, str]:
+        return {**yaml.safe_load(self.template)["metadata"]["labels"], "spark-role": "executor"}
+
+
+def _secrets_of(pod: dict[str, Any]) -> set[str]:
+    """The Secrets a pod template mounts (volumes, projected sources, env)."""
+    found = {v["secret"]["secretName"] for v in pod["spec"].get("volumes", []) if "secret" in v}
+    found |= {src["secret"]["name"] for v in pod["spec"].get("volumes", []) if "projected" in v
+              for src in v["projected"]["sources"] if "secret" in src}
+    for container in pod["spec"].get("containers", []) + pod["spec"].get("initContainers", []):
+        found |= {e["valueFrom"]["secretKeyRef"]["name"] for e in container.get("env", [])
+                  if "secretKeyRef" in e.get("valueFrom", {})}
+    return found
+
+
+def _applications(docs: list[dict[str, Any]]) -> list[_App]:
+    """Every Spark application the manifests run: the control plane's, then
+    each tenant's, found from the tenant's ``spark_remote`` as a user would:
+    the Service it names, the Deployment behind it, that one's settings."""
+    data = _one(docs, "ConfigMap", "raydist-config")["data"]
+    cfg = ServerConfig.from_toml(data["raydist.toml"])
+    apps = [_App("control-plane", dict(cfg.spark_conf), _one(docs, "Deployment", "raydist")["spec"]["template"],
+                 data[Path(cfg.spark_conf["spark.kubernetes.executor.podTemplateFile"]).name])]
+    for tenant in cfg.tenants:
+        if not tenant.spark_remote:
+            continue
+        url = urlparse(tenant.spark_remote)
+        service = _one(docs, "Service", (url.hostname or "").split(".")[0])
+        assert any(p["port"] == url.port for p in service["spec"]["ports"]), tenant.name
+        deployment = next(d for d in docs if d["kind"] == "Deployment"
+                          and _selects(service["spec"]["selector"], d["spec"]["template"]["metadata"]["labels"]))
+        pod = deployment["spec"]["template"]
+        container = pod["spec"]["containers"][0]
+        assert "org.apache.spark.sql.connect.service.SparkConnectServer" in container["command"]
+        assert any(p["containerPort"] == url.port for p in container["ports"]), tenant.name
+        props = Path(container["command"][container["command"].index("--properties-file") + 1])
+        mount = next(m for m in container["volumeMounts"] if m["mountPath"] == str(props.parent))
+        volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mount["name"])
+        files = _one(docs, "ConfigMap", volume["configMap"]["name"])["data"]
+        conf = dict(line.split(None, 1) for line in files[props.name].splitlines() if line.strip())
+        apps.append(_App(tenant.name, conf, pod, files[Path(conf["spark.kubernetes.executor.podTemplateFile"]).name]))
+    return apps
+
+
+def _admitted(docs: list[dict[str, Any]], source: dict[str, str], target: dict[str, str], port: int) -> bool:
+    """Whether the namespace's NetworkPolicies let a pod labelled ``source``
+    reach a pod labelled ``target`` on ``port`` (Kubernetes' rule: a pod that
+    no ingress policy selects admits all; else some rule of one that does
+    must admit the source and the port)."""
+    policies = [d["spec"] for d in docs if d["kind"] == "NetworkPolicy"
+                and _selects(d["spec"]["podSelector"].get("matchLabels", {}), target)]
+    if not policies:
+        return True
+    for policy in policies:
+        for rule in policy.get("ingress", []):
+            for peer in rule["from"]:
+                sel = peer["podSelector"]
+                if not _selects(sel.get("matchLabels", {}), source):
+                    continue
+                if any(e["operator"] == "DoesNotExist" and e["key"] in source for e in sel.get("matchExpressions", [])):
+                    continue
+                if "ports" not in rule or any(p["port"] <= port <= p.get("endPort", p["port"]) for p in rule["ports"]):
+                    return True
+    return False
+
+
 @pytest.fixture(scope="module")
 def base() -> list[dict[str, Any]]:
     return _base()
@@ -79,7 +190,7 @@ def test_kustomizations_list_exactly_their_files() -> None:
     for overlay in (K8S / "overlays").iterdir():
         k = _kustomization(overlay)
         for res in k.get("resources", []):
-            assert (overlay / res / "kustomization.yaml").exists(), res
+            assert (overlay / res / "kustomization.yaml").exists() or (overlay / res).is_file(), res
         for patch in k.get("patches", []):
             assert (overlay / patch["path"]).exists(), patch
 
@@ -87,10 +198,10 @@ def test_kustomizations_list_exactly_their_files() -> None:
 def test_every_manifest_validates_strictly(base: list[dict[str, Any]]) -> None:
     docs = list(base)
     for overlay in (K8S / "overlays").iterdir():
-        for patch in _kustomization(overlay).get("patches", []):
-            docs += _docs(overlay / patch["path"])
+        docs += _build(overlay.name)
     docs.append(_template(_one(base, "ConfigMap")["data"]))
     docs.append(_template(_overlay_config("gpu")))
+    docs += [yaml.safe_load(app.template) for app in _applications(_build("tenants"))]
     for doc in docs:
         # Strict: an unknown or misspelt field is an error, not ignored.
         kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
@@ -170,42 +281,114 @@ def test_executors_reach_only_spark_and_the_node_links_on_the_control_plane(base
     # Tenant code runs in executor pods: they must not reach the API (nor
     # anything else of the control plane's) beyond what their nodes need.
     cfg = ServerConfig.from_toml(_one(base, "ConfigMap")["data"]["raydist.toml"])
-    policy = _one(base, "NetworkPolicy", "raydist-control-plane")["spec"]
-    executor = {"spark-role": "executor", "app.kubernetes.io/part-of": "raydist"}
+    plane = _one(base, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    executor = _applications(base)[0].executor_labels()
     client = {"app.kubernetes.io/name": "notebook"}
-
-    def admits(labels: dict[str, str]) -> set[tuple[int, int]] | None:
-        """The port ranges the policy lets a pod with ``labels`` reach (None: every port)."""
-        reach: set[tuple[int, int]] = set()
-        for rule in policy["ingress"]:
-            for peer in rule["from"]:
-                sel = peer["podSelector"]
-                if not _selects(sel.get("matchLabels", {}), labels):
-                    continue
-                if any(e["operator"] == "DoesNotExist" and e["key"] in labels for e in sel.get("matchExpressions", [])):
-                    continue
-                if "ports" not in rule:
-                    return None
-                reach |= {(p["port"], p.get("endPort", p["port"])) for p in rule["ports"]}
-        return reach
-
     low, high = cfg.link_port_range() or (0, 0)
     assert high - low + 1 >= 16  # room for that many clusters at once
     spark_ports = {int(cfg.spark_conf["spark.driver.port"]), int(cfg.spark_conf["spark.driver.blockManager.port"])}
-    assert admits(executor) == {(p, p) for p in spark_ports} | {(low, high)}
-    assert admits(client) == {(cfg.port, cfg.port), (cfg.metrics_port, cfg.metrics_port)}
-    # Spark's own RPC between the driver and the executors: authenticated, encrypted,
-    # with a secret from a k8s Secret that the driver's pod and every executor pod mount as a file.
-    assert cfg.spark_conf["spark.authenticate"] == "true"
-    assert cfg.spark_conf["spark.network.crypto.enabled"] == "true"
-    secret_file = Path(cfg.spark_conf["spark.authenticate.secret.file"])
-    executor_mounts = {k.removeprefix("spark.kubernetes.executor.secrets."): v for k, v in cfg.spark_conf.items()
+    every = {cfg.port, cfg.metrics_port, low, high, low - 1, high + 1, *spark_ports, 22, 8080}
+    assert {p for p in every if _admitted(base, executor, plane, p)} == spark_ports | {low, high}
+    assert {p for p in every if _admitted(base, client, plane, p)} == {cfg.port, cfg.metrics_port}
+    _assert_spark_auth(_applications(base)[0])
+
+
+def _assert_spark_auth(app: _App) -> None:
+    """Spark's own RPC between ``app``'s driver and its executors:
+    authenticated, encrypted, with a secret from a k8s Secret that the
+    driver's pod and every executor pod of the application mount as a file."""
+    assert app.conf["spark.authenticate"] == "true", app.name
+    assert app.conf["spark.network.crypto.enabled"] == "true", app.name
+    secret_file = Path(app.conf["spark.authenticate.secret.file"])
+    executor_mounts = {k.removeprefix("spark.kubernetes.executor.secrets."): v for k, v in app.conf.items()
                        if k.startswith("spark.kubernetes.executor.secrets.")}
-    pod = _one(base, "Deployment")["spec"]["template"]["spec"]
+    pod = app.driver["spec"]
     volume = next(v for v in pod["volumes"] if "secret" in v)
     mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"])
-    assert executor_mounts == {volume["secret"]["secretName"]: mount["mountPath"]}
-    assert str(secret_file.parent) == mount["mountPath"]
+    assert executor_mounts == {volume["secret"]["secretName"]: mount["mountPath"]}, app.name
+    assert str(secret_file.parent) == mount["mountPath"], app.name
+
+
+def test_each_tenant_runs_on_a_spark_application_of_its_own_whose_secret_no_other_holds() -> None:
+    """#33.16: a tenant's Ray tasks run in Spark executors, which hold their
+    application's auth secret; with another application's, they could act as
+    its executor and read its task data (other tenants' node keys and Ray
+    tokens). In the tenants overlay each tenant has its own application and
+    secret, found from its ``spark_remote`` as the control plane finds it."""
+    docs = _build("tenants")
+    cfg = ServerConfig.from_toml(_one(docs, "ConfigMap", "raydist-config")["data"]["raydist.toml"])
+    cfg.check_isolation()  # what `raydist serve` checks first: no tenant shares an application
+    base_cfg = ServerConfig.from_toml(_one(_base(), "ConfigMap")["data"]["raydist.toml"])
+    assert (cfg.spark_conf, cfg.port, cfg.head_ports, cfg.link_ports) == \
+        (base_cfg.spark_conf, base_cfg.port, base_cfg.head_ports, base_cfg.link_ports)  # the base's, plus tenants
+    tenants = [t for t in cfg.tenants if not t.admin]
+    assert tenants and all(t.spark_remote for t in tenants)
+    apps = _applications(docs)
+    assert [a.name for a in apps] == ["control-plane", *(t.name for t in tenants)]
+    held: dict[str, str] = {}
+    for app in apps:
+        _assert_spark_auth(app)
+        (secret,) = app.executor_secrets()  # its executors get its auth secret and no other
+        assert secret not in held, f"{app.name} shares {secret} with {held.get(secret)}"
+        held[secret] = app.name
+        assert _secrets_of(app.driver) & set(held) == {secret}, app.name  # its driver holds no other's
+        labels = yaml.safe_load(app.template)["metadata"]["labels"]
+        assert labels["raydist.io/spark-app"] == app.name
+        assert yaml.safe_load(app.template)["spec"]["automountServiceAccountToken"] is False
+        if app.name != "control-plane":  # a driver of its own: its own account, its own address
+            assert app.conf["spark.kubernetes.authenticate.driver.serviceAccountName"] != \
+                apps[0].conf["spark.kubernetes.authenticate.driver.serviceAccountName"]
+            assert app.conf["spark.driver.host"].split(".")[0] in {d["metadata"]["name"] for d in docs
+                                                                   if d["kind"] == "Service"}
+            assert app.conf["spark.kubernetes.executor.podNamePrefix"] != \
+                apps[0].conf["spark.kubernetes.executor.podNamePrefix"]
+            for key in ("spark.executor.memory", "spark.executor.memoryOverhead", "spark.kubernetes.namespace",
+                        "spark.kubernetes.container.image", "spark.executorEnv.HOME"):
+                assert app.conf[key] == apps[0].conf[key], (app.name, key)
+    # Tenants' bearer tokens reach the control plane's pod alone, as 0600 files where the config reads them.
+    plane = apps[0].driver["spec"]
+    for tenant in tenants:
+        token = f"raydist-tenant-{tenant.name}"
+        assert token in _secrets_of(apps[0].driver)
+        assert not any(token in _secrets_of(app.driver) for app in apps[1:])
+        init = next(c for c in plane["initContainers"] if c["name"] == "tenant-tokens")
+        out = next(m["mountPath"] for m in init["volumeMounts"] if m["name"] == "tenant-tokens")
+        assert "install -m 0600" in init["command"][-1] and tenant.token_file == f"{out}/{tenant.name}.token"
+        reads = next(m for m in plane["containers"][0]["volumeMounts"] if m["name"] == "tenant-tokens")
+        assert reads["mountPath"] == out and reads["readOnly"] is True
+
+
+def test_each_spark_application_keeps_its_driver_and_executors_to_itself() -> None:
+    docs = _build("tenants")
+    apps = {app.name: app for app in _applications(docs)}
+    plane = apps["control-plane"].driver["metadata"]["labels"]
+    cfg = ServerConfig.from_toml(_one(docs, "ConfigMap", "raydist-config")["data"]["raydist.toml"])
+    low, _ = cfg.link_port_range() or (0, 0)
+    client = {"app.kubernetes.io/name": "notebook"}
+    ray_ports = set(cfg.head_ports.values())
+    for name, app in apps.items():
+        executor, driver = app.executor_labels(), app.driver["metadata"]["labels"]
+        spark = [int(app.conf["spark.driver.port"]), int(app.conf["spark.driver.blockManager.port"])]
+        assert all(_admitted(docs, executor, driver, p) for p in spark), name  # its own driver
+        assert _admitted(docs, executor, plane, low), name  # its nodes' links to the control plane
+        assert not _admitted(docs, executor, plane, cfg.port), name  # never the API
+        assert all(_admitted(docs, driver, executor, p) for p in (7337, 40000)), name  # its driver reaches it
+        assert _admitted(docs, plane, executor, 6379), name
+        assert all(_admitted(docs, client, executor, p) for p in ray_ports), name  # users reach its heads
+        assert not _admitted(docs, client, executor, 40000), name
+        for other_name, other in apps.items():
+            if other_name == name:
+                continue
+            other_driver = other.driver["metadata"]["labels"]
+            spark_other = [int(other.conf["spark.driver.port"]), int(other.conf["spark.driver.blockManager.port"])]
+            assert not any(_admitted(docs, executor, other_driver, p) for p in spark_other), (name, other_name)
+            assert not any(_admitted(docs, executor, other.executor_labels(), p) for p in (6379, 10001, 40000)), \
+                (name, other_name)
+        if name != "control-plane":  # only the control plane dials a tenant's Connect server
+            connect = urlparse(next(t.spark_remote for t in cfg.tenants if t.name == name)).port or 0
+            assert _admitted(docs, plane, driver, connect)
+            for who in (client, executor, apps["control-plane"].executor_labels()):
+                assert not _admitted(docs, who, driver, connect), who
 
 
 def test_spark_on_kubernetes_settings_point_at_these_objects(base: list[dict[str, Any]]) -> None:
@@ -276,11 +459,15 @@ def test_config_file_errors_name_the_key(tmp_path: Path) -> None:
         assert info.value.field == field
 
 
-@pytest.mark.parametrize("where", ["base", "gpu"])
+@pytest.mark.parametrize("where", ["base", "gpu", "team-a"])
 def test_executor_pods_are_hardened_and_sized_for_the_object_store(where: str) -> None:
-    data = _one(_base(), "ConfigMap")["data"] if where == "base" else _overlay_config("gpu")
-    conf = ServerConfig.from_toml(data["raydist.toml"]).spark_conf
-    pod = _template(data)["spec"]
+    if where == "team-a":  # a tenant's own application (overlays/tenants)
+        app = next(a for a in _applications(_build("tenants")) if a.name == where)
+        conf, pod = app.conf, yaml.safe_load(app.template)["spec"]
+    else:
+        data = _one(_base(), "ConfigMap")["data"] if where == "base" else _overlay_config("gpu")
+        conf = dict(ServerConfig.from_toml(data["raydist.toml"]).spark_conf)
+        pod = _template(data)["spec"]
     container = next(c for c in pod["containers"]
                      if c["name"] == conf["spark.kubernetes.executor.podTemplateContainerName"])
     assert pod["securityContext"]["runAsNonRoot"] is True
