@@ -40,7 +40,7 @@ bench-startup-standalone: venv
 	$(PY) benchmarks/startup.py --master standalone
 
 bench-chaos: venv
-	$(PY) benchmarks/chaos.py
+	$(PY) benchmarks/chaos.py --seconds 90
 
 bench-scaling: venv
 	$(PY) benchmarks/scaling.py
