@@ -52,4 +52,4 @@ class HorovodRunner:
             raise TrainingConfigError("main", main, "expected a function")
         runner = TorchDistributor(num_processes=abs(self.num_processor), local_mode=self.num_processor < 0,
                                   **self._options)
-        return runner._fit(horovod_job(main, (), kwargs))
+        return runner._fit(horovod_job(main, (), kwargs), kind=type(self).__name__)

@@ -87,10 +87,18 @@ class MirroredStrategyRunner:
         self.last_result: Any = None
 
     def run(self, train_fn: Callable[..., Any], **kwargs: Any) -> Any:
+        from raydist.train.runtime import tracked_run
+
         if not callable(train_fn):
             raise TrainingConfigError("train_fn", train_fn, "expected a function")
-        if self.local_mode:
-            return self._run_here(train_fn, kwargs)
+        # The driver's MLflow context reaches every worker (raydist.train.mlflow);
+        # in local mode train_fn runs here, in the driver's own.
+        with tracked_run(type(self).__name__, self.num_slots, self.use_gpu):
+            if self.local_mode:
+                return self._run_here(train_fn, kwargs)
+            return self._run_on_ray(train_fn, kwargs)
+
+    def _run_on_ray(self, train_fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
         from ray.train import FailureConfig
 
         from raydist.train.runtime import gpu_run_shape, spark_task_resources

@@ -140,13 +140,16 @@ class TorchDistributor:
             return function_job(train_object, args, kwargs)
         raise TrainingConfigError("train_object", train_object, "expected a function or a script path")
 
-    def _fit(self, job: Callable[[], Any], inputs: RankInputs | None = None) -> Any:
+    def _fit(self, job: Callable[[], Any], inputs: RankInputs | None = None, kind: str = "") -> Any:
         """Run ``job()`` in every process with torchrun's environment set
-        (and its own of ``inputs``, on Ray); rank 0's return value."""
-        from raydist.train.runtime import keyboard_interrupts
+        (and its own of ``inputs``, on Ray); rank 0's return value. Every
+        process gets the driver's MLflow context (:mod:`raydist.train._mlflow`);
+        ``kind`` names the run in it (default: this class's name)."""
+        from raydist.train.runtime import keyboard_interrupts, tracked_run
 
-        with keyboard_interrupts():
-            return self._fit_where(job, inputs)
+        with keyboard_interrupts(), tracked_run(kind or type(self).__name__, self.num_processes,
+                                                self.use_gpu) as mlflow:
+            return self._fit_where(mlflow.wrap(job) if mlflow is not None else job, inputs)
 
     def _fit_where(self, job: Callable[[], Any], inputs: RankInputs | None = None) -> Any:
         from raydist.train.runtime import training_session

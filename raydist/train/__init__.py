@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["TorchTrainer", "DeepSpeedTrainer", "TensorflowTrainer"]
+__all__ = ["TorchTrainer", "DeepSpeedTrainer", "TensorflowTrainer", "configure_mlflow", "MlflowSettings"]
 
 _WHERE = {
     "TorchTrainer": "raydist.train.torch",
     "DeepSpeedTrainer": "raydist.train.deepspeed",
     "TensorflowTrainer": "raydist.train.tensorflow",
+    # MLflow from every rank (see raydist.train._mlflow).
+    "configure_mlflow": "raydist.train._mlflow",
+    "MlflowSettings": "raydist.train._mlflow",
 }
 
 

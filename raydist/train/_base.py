@@ -53,6 +53,7 @@ class Facade:
         """The Ray Train trainer of the last ``fit`` (built lazily)."""
         self.last_result: Any = None
         """Ray Train's Result of the last ``run``."""
+        self._mlflow: Any = None  # the driver's MLflow context for the fit in progress
 
     # subclass hooks ----------------------------------------------------------
 
@@ -96,8 +97,9 @@ class Facade:
     def build(self) -> Any:
         """The Ray Train trainer this facade runs (for users who need more)."""
         cls = self._ray_trainer_class()
+        worker = self._worker_fn()
         self.trainer = cls(
-            self._worker_fn(),
+            self._mlflow.wrap(worker) if self._mlflow is not None else worker,
             train_loop_config=self._loop_config(),
             scaling_config=self.scaling_config(),
             run_config=self.build_run_config(),
@@ -119,13 +121,19 @@ class Facade:
         """Train on the cluster; returns Ray Train's ``Result``
         (``.metrics``, ``.checkpoint``, ``.return_value`` of rank 0)."""
         from raydist.train._fit import fit_ready
+        from raydist.train._mlflow import tracked_run
         from raydist.train._signals import keyboard_interrupts
         from raydist.train.session import training_session
 
         session = training_session()
         session.resident.release()  # resident workers of this process would hold the CPUs this fit needs
-        with keyboard_interrupts(), session.connected(
-            self.cluster, workers=self.workers, resources_per_worker=self.resources_per_worker,
-            use_gpu=self.use_gpu, keep_warm_s=self.keep_warm_s,
-        ) as handle:
-            return fit_ready(self.build(), raydist_cluster=handle is not None).fit()
+        with keyboard_interrupts(), tracked_run(type(self).__name__, self.workers, self.use_gpu) as mlflow:
+            self._mlflow = mlflow
+            try:
+                with session.connected(
+                    self.cluster, workers=self.workers, resources_per_worker=self.resources_per_worker,
+                    use_gpu=self.use_gpu, keep_warm_s=self.keep_warm_s,
+                ) as handle:
+                    return fit_ready(self.build(), raydist_cluster=handle is not None).fit()
+            finally:
+                self._mlflow = None

@@ -22,6 +22,7 @@ from typing import Any
 
 from raydist.train._base import Facade
 from raydist.train._inputs import RankInputs
+from raydist.train._mlflow import carry_mark
 from raydist.train.resident import TORCHRUN_PRIORITY_ENV
 
 __all__ = ["TorchrunTrainer", "rendezvous"]
@@ -65,7 +66,7 @@ def _worker(job: Callable[[], Any]) -> Callable[[Any], Any]:
                 for key in input_env:
                     os.environ.pop(key, None)
 
-    return run
+    return carry_mark(run, job)  # a job that carries MLflow's context is not wrapped again
 
 
 #: Where the run's config carries each rank's inputs.

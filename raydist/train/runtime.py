@@ -11,6 +11,7 @@ from __future__ import annotations
 from raydist.train._env import scoped_env
 from raydist.train._inputs import RankInputs
 from raydist.train._keras2 import use_keras2_everywhere
+from raydist.train._mlflow import tracked_run
 from raydist.train._signals import keyboard_interrupts
 from raydist.train._torchrun import TorchrunTrainer
 from raydist.train.session import (
@@ -32,6 +33,7 @@ __all__ = [
     "keyboard_interrupts",
     "scoped_env",
     "spark_task_resources",
+    "tracked_run",
     "training_session",
     "use_keras2_everywhere",
 ]

@@ -53,6 +53,7 @@ from raydist.errors import (
     TrainingConfigError,
 )
 from raydist.spec import State
+from raydist.train._mlflow import note_cluster
 from raydist.train.resident import ResidentRuns
 from raydist.train.session_rules import IdleStep, Observed, RunStep, Shape, for_run, gpu_run_shape, while_idle
 
@@ -147,6 +148,7 @@ class TrainingSession:
 
         from raydist.train._env import run_settings
 
+        t0 = time.monotonic()
         process_ray().sync()
         handle = self._resolve(cluster)
         held: _Held | None = None
@@ -165,6 +167,9 @@ class TrainingSession:
                     connected_here = True
                 if held is None:  # the session cluster is sized for the run
                     _check_resources(workers, float(resources_per_worker.get("CPU", 1) or 0), use_gpu)
+                note_cluster(wait_s=time.monotonic() - t0, name=handle.name if handle is not None else "",
+                             session_cluster=held is not None, workers=workers,
+                             resources_per_worker=dict(resources_per_worker))
                 yield handle
         except BaseException as e:
             if held is not None and held.failure is not None:

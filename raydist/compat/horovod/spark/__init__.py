@@ -58,7 +58,8 @@ def run(
         num_proc = _default_parallelism()
     runner = TorchDistributor(num_processes=num_proc, local_mode=False, use_gpu=use_gpu, cluster=cluster,
                               max_failures=max_failures, keep_warm_s=keep_warm_s)
-    return runner._fit(horovod_job(fn, tuple(args), dict(kwargs or {}), env=env, every_rank=True))
+    return runner._fit(horovod_job(fn, tuple(args), dict(kwargs or {}), env=env, every_rank=True),
+                       kind="horovod.spark.run")
 
 
 def _default_parallelism() -> int:

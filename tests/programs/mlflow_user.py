@@ -1,0 +1,57 @@
+"""A Spark user who trains inside an MLflow run, as MLflow's docs and
+Databricks' notebooks write it: set the tracking server, open a run, train
+with ``TorchDistributor(num_processes=2)`` logging a metric per step from
+rank 0, end the run.
+
+    mlflow_user.py (--master MASTER | --connect URL) TRACKING_URI
+
+Only the distributor's import is raydist's. Prints one RESULT line: the
+run's id, its status while the run was open (after training) and after.
+"""
+
+import argparse
+import json
+import os
+
+import mlflow
+from pyspark.sql import SparkSession
+
+from raydist.compat import TorchDistributor
+
+parser = argparse.ArgumentParser()
+where = parser.add_mutually_exclusive_group(required=True)
+where.add_argument("--master")
+where.add_argument("--connect")
+parser.add_argument("tracking_uri")
+args = parser.parse_args()
+
+if args.connect:
+    spark = SparkSession.builder.remote(args.connect).getOrCreate()
+else:
+    spark = SparkSession.builder.master(args.master).config("spark.ui.enabled", "false").getOrCreate()
+
+
+def train(steps):
+    import os
+
+    import mlflow
+
+    rank = int(os.environ["RANK"])
+    for step in range(steps):
+        loss = 1.0 / (step + 1)
+        if rank == 0:
+            mlflow.log_metric("loss", loss, step=step)
+    return {"rank": rank, "pid": os.getpid()}
+
+
+mlflow.set_tracking_uri(args.tracking_uri)
+mlflow.set_experiment("raydist-mlflow-user")
+with mlflow.start_run() as run:
+    mlflow.log_param("steps", 5)
+    out = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(train, 5)
+    open_status = mlflow.MlflowClient().get_run(run.info.run_id).info.status
+status = mlflow.MlflowClient().get_run(run.info.run_id).info.status
+spark.stop()
+print("RESULT " + json.dumps({"run_id": run.info.run_id, "experiment_id": run.info.experiment_id,
+                              "returned": out, "driver_pid": os.getpid(), "status_while_open": open_status,
+                              "status": status}), flush=True)
