@@ -21,14 +21,20 @@ alternate, case by case.
    task slot, timed, then ``--alive-wait-s`` (past Ray's 60 s GCS timeout,
    which ends a process still connected to a cluster that went) and another
    run. ``alive`` is whether the program got to the end.
+5. MLflow's cost (raydist only; the anchor is the same runs without MLflow in
+   the same process): one warm distributor, runs alternating with and without
+   an open MLflow run on a real tracking server (``mlflow server``, started
+   here), ``--mlflow-rounds`` of each; the difference of the medians is what a
+   run pays for its context reaching every rank and raydist's figures.
 
 Last line:
 
   first_run_ratio=<median over the classes of raydist/pyspark> sweep_ratio=<raydist total/pyspark total>
   throughput_ratio=<samples/s raydist/pyspark> same_result=<true|false>
   spark_after_s=<that Spark job's seconds, raydist minus pyspark> alive=<true|false: both programs ended well>
+  mlflow_overhead_s=<median run with MLflow on minus off>
 
-(one line). Run: make bench-training
+(one line). Run: make bench-training (``--only-mlflow``: step 5 alone)
 """
 
 from __future__ import annotations
@@ -79,7 +85,8 @@ def _classes(side: str):
     return TorchDistributor, DeepspeedTorchDistributor, MirroredStrategyRunner
 
 
-def child(side: str, case: str, compute_s: float, compute_rounds: int, alive_wait_s: float = 70.0) -> dict:
+def child(side: str, case: str, compute_s: float, compute_rounds: int, alive_wait_s: float = 70.0,
+          mlflow_uri: str = "", mlflow_rounds: int = 5) -> dict:
     sys.path.insert(0, str(HERE))
     import training_jobs as jobs
     from pyspark import cloudpickle as spark_pickle
@@ -133,6 +140,22 @@ def child(side: str, case: str, compute_s: float, compute_rounds: int, alive_wai
             time.sleep(alive_wait_s)
             out["result"].append(distributor.run(jobs.tiny_job, 0.05))
             out["alive"] = True
+        elif case == "mlflow":
+            import mlflow
+
+            mlflow.set_tracking_uri(mlflow_uri)
+            mlflow.set_experiment("bench-training")
+            distributor = torch_d(num_processes=2, local_mode=False, use_gpu=False)
+            distributor.run(jobs.tiny_job, 0.05)  # warm: the session cluster and its workers
+            out["off"], out["on"] = [], []
+            for _ in range(mlflow_rounds):
+                t = time.perf_counter()
+                distributor.run(jobs.tiny_job, 0.05)
+                out["off"].append(time.perf_counter() - t)
+                with mlflow.start_run():
+                    t = time.perf_counter()
+                    distributor.run(jobs.tiny_job, 0.05)
+                    out["on"].append(time.perf_counter() - t)
         if "seconds" not in out:
             out["seconds"] = time.perf_counter() - t0
     finally:
@@ -151,7 +174,8 @@ def measure(side: str, case: str, args: argparse.Namespace, *, may_die: bool = F
     with tempfile.NamedTemporaryFile("r", suffix=".json") as result:
         cmd = [sys.executable, __file__, "--child", side, case, result.name,
                "--compute-s", str(args.compute_s), "--compute-rounds", str(args.compute_rounds),
-               "--alive-wait-s", str(args.alive_wait_s)]
+               "--alive-wait-s", str(args.alive_wait_s), "--mlflow-uri", getattr(args, "mlflow_uri", ""),
+               "--mlflow-rounds", str(args.mlflow_rounds)]
         with open(Path(tempfile.gettempdir()) / f"bench-training-{side}-{case}.log", "w") as log:
             proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=1200, check=False)
         text = Path(result.name).read_text()
@@ -170,11 +194,18 @@ def main() -> int:
     parser.add_argument("--cases", default=",".join(CASES), help="first-run cases to measure")
     parser.add_argument("--alive-wait-s", type=float, default=70.0,
                         help="after the Spark job, wait this long (past Ray's 60 s GCS timeout), then train again")
+    parser.add_argument("--mlflow-rounds", type=int, default=5, help="runs with and without MLflow, each")
+    parser.add_argument("--only-mlflow", action="store_true", help="measure MLflow's cost alone (step 5)")
+    parser.add_argument("--mlflow-uri", default="", help=argparse.SUPPRESS)
     parser.add_argument("--child", nargs=3, metavar=("SIDE", "CASE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         side, case, out = args.child
-        Path(out).write_text(json.dumps(child(side, case, args.compute_s, args.compute_rounds, args.alive_wait_s)))
+        Path(out).write_text(json.dumps(child(side, case, args.compute_s, args.compute_rounds, args.alive_wait_s,
+                                              args.mlflow_uri, args.mlflow_rounds)))
+        return 0
+    if args.only_mlflow:
+        print(f"mlflow_overhead_s={mlflow_overhead(args):.3f}")
         return 0
 
     ratios, same = [], True
@@ -215,12 +246,30 @@ def main() -> int:
     spark_after = (after["raydist"]["spark_after_s"] - after["pyspark"]["spark_after_s"]
                    if all("spark_after_s" in a for a in after.values()) else float("nan"))
 
+    overhead = mlflow_overhead(args)
     first = statistics.median(ratios)
     sweep_ratio = sweep["raydist"]["seconds"] / sweep["pyspark"]["seconds"]
     print(f"first_run_ratio={first:.3f} sweep_ratio={sweep_ratio:.3f} "
           f"throughput_ratio={sps['raydist'] / sps['pyspark']:.3f} same_result={str(same).lower()} "
-          f"spark_after_s={spark_after:.2f} alive={str(alive).lower()}")
+          f"spark_after_s={spark_after:.2f} alive={str(alive).lower()} mlflow_overhead_s={overhead:.3f}")
     return 0
+
+
+def mlflow_overhead(args: argparse.Namespace) -> float:
+    """Step 5: the median warm run with an open MLflow run minus without."""
+    from raydist.testing.mlflow_server import MlflowServer
+
+    server = MlflowServer().start()
+    try:
+        args.mlflow_uri = server.url
+        got = measure("raydist", "mlflow", args)
+    finally:
+        server.stop()
+    on, off = statistics.median(got["on"]), statistics.median(got["off"])
+    print(f"MLflow on a warm TorchDistributor run ({args.mlflow_rounds} of each, alternated): "
+          f"off {' / '.join(f'{t:.2f}' for t in got['off'])} s, on {' / '.join(f'{t:.2f}' for t in got['on'])} s; "
+          f"medians {off:.2f} -> {on:.2f} s", flush=True)
+    return on - off
 
 
 if __name__ == "__main__":

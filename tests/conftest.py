@@ -138,6 +138,16 @@ def no_leftover_ray() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
+def mlflow_server() -> Iterator[object]:
+    """One real MLflow tracking server for the session (started on first use)."""
+    from raydist.testing.mlflow_server import MlflowServer
+
+    server = MlflowServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """One real ``raydist serve`` (a subprocess on a free port, its own Spark)
     for the tests that only call it: the CLI, jobs, the RPC fuzz. A test that

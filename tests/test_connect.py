@@ -211,6 +211,27 @@ def test_a_tenants_clusters_run_in_the_spark_application_of_its_own(connect_serv
     assert not wait_no_ray_processes(ignore=before)
 
 
+def test_a_connect_users_ranks_log_into_their_mlflow_run(connect_server, mlflow_server, no_leftover_ray,
+                                                          monkeypatch) -> None:
+    """A Spark Connect client trains inside an MLflow run: rank 0's metric of
+    every step lands in that run, with the driver's credential, which shows
+    in no output; the run stays open until the user ends it."""
+    import hashlib
+    import secrets
+
+    from mlflow import MlflowClient
+
+    token = "tok-" + secrets.token_hex(12)
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", token)
+    out = run_program("mlflow_user.py", "--connect", connect_server.url, mlflow_server.url)
+    assert out["status_while_open"] == "RUNNING" and out["status"] == "FINISHED", out
+    assert out["returned"]["rank"] == 0 and out["returned"]["pid"] != out["driver_pid"]
+    assert out["returned"]["token_sha256"] == hashlib.sha256(token.encode()).hexdigest()
+    assert token not in out["_output"]
+    history = MlflowClient(mlflow_server.url).get_metric_history(out["run_id"], "loss")
+    assert sorted((m.step, m.value) for m in history) == [(s, 1.0 / (s + 1)) for s in range(5)]
+
+
 def test_a_client_nothing_can_dial_runs_a_cluster(no_leftover_ray, tmp_path) -> None:
     """The Connect server and its executors on one host, the client on
     another: the node links end in the head's task, and the client's host

@@ -234,3 +234,68 @@ def test_bad_input_fails_before_cluster_work(cluster, tmp_path) -> None:
         DeepspeedTorchDistributor(numGpus=1, deepspeedConfig={"zero_optimization": {"stage": 7}})
     with pytest.raises(TrainingConfigError, match="gpu_resource_name"):
         MirroredStrategyRunner(num_slots=1, gpu_resource_name="tpu")
+
+
+def test_every_class_logs_into_the_drivers_mlflow_run(cluster, mlflow_server, monkeypatch) -> None:
+    """The driver's MLflow context follows every distributor and facade run
+    (about 90 s on the module's warm cluster: each class runs once, and the fresh
+    runs of DeepSpeed, TensorFlow and the facade start Ray Train workers):
+    rank 0 logs into the open run, with the credentials the driver has, and
+    no rank ends it; raydist's figures land in it; with no open run nothing
+    is created; with all_ranks every rank logs into a child run of its own."""
+    import secrets
+
+    import mlflow
+    from mlflow import MlflowClient
+
+    from raydist.compat import DeepspeedTorchDistributor, HorovodRunner, MirroredStrategyRunner, TorchDistributor
+    from raydist.train import TorchTrainer, configure_mlflow
+
+    token = "tok-" + secrets.token_hex(8)  # a credential MLflow reads from the environment
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", token)
+    mlflow.set_tracking_uri(mlflow_server.url)
+    client = MlflowClient(mlflow_server.url)
+    experiment = mlflow.set_experiment("raydist-every-class").experiment_id
+    torch_run = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, cluster=cluster)
+    quiet = torch_run.run(train_fns.mlflow_rank_fn, "quiet", 0)  # no open run, nothing logged
+    assert quiet["uri"] == mlflow_server.url and client.search_runs([experiment]) == []  # raydist made no run
+    try:
+        with mlflow.start_run() as run:
+            # The warm runs first (a fresh run gives the warm workers back).
+            returned = {
+                "torch": torch_run.run(train_fns.mlflow_rank_fn, "torch"),
+                "horovod": HorovodRunner(np=2, cluster=cluster).run(train_fns.mlflow_rank_fn, key="horovod"),
+            }
+            configure_mlflow(all_ranks=True)
+            every = torch_run.run(train_fns.mlflow_every_rank_fn, "every")
+            configure_mlflow(all_ranks=False)
+            returned |= {
+                "local": TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(
+                    train_fns.mlflow_rank_fn, "local"),
+                "deepspeed": DeepspeedTorchDistributor(numGpus=2, nnodes=1, localMode=False, useGpu=False,
+                                                       cluster=cluster).run(train_fns.mlflow_rank_fn, "deepspeed"),
+                "mirrored": MirroredStrategyRunner(num_slots=2, use_gpu=False, cluster=cluster).run(
+                    train_fns.mlflow_rank_fn, key="mirrored"),
+                "facade": TorchTrainer(train_fns.mlflow_facade_fn, config={"key": "facade"}, workers=2,
+                                       cluster=cluster).run(),
+            }
+            status_while_open = client.get_run(run.info.run_id).info.status
+    finally:
+        configure_mlflow(all_ranks=False)
+    assert status_while_open == "RUNNING"  # no rank ended the driver's run
+    for key, out in returned.items():
+        assert out["rank"] == 0 and out["token"] == token, (key, out)
+        steps = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+        assert steps == [(0, 0.0), (1, 1.0), (2, 2.0)], key
+    # The one open run, plus the child run of rank 1 (all_ranks), nothing else.
+    runs = client.search_runs([experiment])
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == run.info.run_id]
+    assert len(runs) == 2 and len(children) == 1 and children[0].data.tags["rank"] == "1"
+    assert every["run_id"] == run.info.run_id  # rank 0 logged into the open run itself
+    assert [m.value for m in client.get_metric_history(children[0].info.run_id, "every")] == [1.0]
+    assert children[0].info.status == "FINISHED"
+    # raydist's figures: one record per run in the open run.
+    figures = client.get_run(run.info.run_id).data
+    assert figures.metrics["raydist.workers"] == 2 and figures.metrics["raydist.run_wall_s"] > 0
+    records = [a.path for a in client.list_artifacts(run.info.run_id, "raydist")]
+    assert len(records) == 7, records

@@ -212,3 +212,35 @@ def partition_probe_fn(num_samples: int) -> dict[str, Any]:
     })
     dist.destroy_process_group()
     return {"ranks": seen}
+
+
+def mlflow_rank_fn(key: str, steps: int = 3) -> dict:
+    """Rank 0 logs ``key`` once a step into whatever MLflow run it is given;
+    every rank says what it saw of MLflow's context."""
+    import os
+
+    import mlflow
+
+    from raydist.train._mlflow import _rank
+
+    rank = _rank()
+    if rank == 0:
+        for step in range(steps):
+            mlflow.log_metric(key, float(step), step=step)
+    return {"rank": rank, "token": os.environ.get("MLFLOW_TRACKING_TOKEN", ""),
+            "uri": os.environ.get("MLFLOW_TRACKING_URI", "")}
+
+
+def mlflow_every_rank_fn(key: str) -> dict:
+    """Every rank logs ``key`` (its own rank) into the run it is given."""
+    import mlflow
+
+    from raydist.train._mlflow import _rank
+
+    mlflow.log_metric(key, float(_rank()))
+    return {"rank": _rank(), "run_id": mlflow.active_run().info.run_id}
+
+
+def mlflow_facade_fn(config: dict) -> dict:
+    """A Ray Train function (it takes the config): rank 0 logs."""
+    return mlflow_rank_fn(config["key"])

@@ -137,7 +137,7 @@ class MlflowContext:
     def run_on_rank(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         from raydist.train._env import scoped_env
 
-        rank = int(os.environ.get("RANK") or 0)
+        rank = _rank()
         env = dict(self.env)
         child = ""
         if self.run_id and rank == 0:
@@ -153,7 +153,23 @@ class MlflowContext:
             if self.run_id:
                 _let_go(self.run_id)  # the driver's: this process must not end it as it exits
             if child:
-                _end_child(child)
+                with scoped_env(self.env):  # the tracking server's, as the child run was made
+                    _end_child(child)
+
+
+def _rank() -> int:
+    """This process's world rank: torchrun's ``RANK``, else Ray Train's
+    (a TensorFlow worker has ``TF_CONFIG`` only), else 0 (the driver)."""
+    if os.environ.get("RANK"):
+        return int(os.environ["RANK"])
+    if "ray.train" in sys.modules:
+        try:
+            import ray.train
+
+            return int(ray.train.get_context().get_world_rank())
+        except Exception:  # noqa: BLE001 - not in a Ray Train worker
+            pass
+    return 0
 
 
 def _child_run(ctx: MlflowContext, rank: int) -> str:

@@ -32,6 +32,7 @@ else:
 
 
 def train(steps):
+    import hashlib
     import os
 
     import mlflow
@@ -41,7 +42,10 @@ def train(steps):
         loss = 1.0 / (step + 1)
         if rank == 0:
             mlflow.log_metric("loss", loss, step=step)
-    return {"rank": rank, "pid": os.getpid()}
+    # Whether the rank got the driver's MLflow credential (a digest: the test
+    # checks that the credential itself is in no output).
+    token = os.environ.get("MLFLOW_TRACKING_TOKEN", "")
+    return {"rank": rank, "pid": os.getpid(), "token_sha256": hashlib.sha256(token.encode()).hexdigest()}
 
 
 mlflow.set_tracking_uri(args.tracking_uri)
