@@ -111,6 +111,9 @@ def _parser() -> argparse.ArgumentParser:
                                    "w0...) or a prefix of its Ray node id")
     lg.add_argument("--file", default="", help="with --node: one file (default: each, newest first; "
                                                "-f follows raylet.out)")
+    lg.add_argument("--run", default="", help="the nodes' logs a teardown kept: 'last' or a kept run's name "
+                                              "(every node's, or --node's)")
+    lg.add_argument("--grep", default="", help="with --node or --run: only the lines containing this text")
     common(lg)
     sc = sub.add_parser("scale", help="resize a running cluster: raydist scale NAME N (or --min/--max)")
     sc.add_argument("name")
@@ -421,9 +424,12 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 def _node_logs(args: argparse.Namespace) -> int:
     """A node's Ray log files through its supervisor; -f follows one file."""
+    from raydist.engine.nodelogs import grep_lines
+
     client = _client(args)
     file = args.file or ("raylet.out" if args.follow else "")
-    logs = client.node_logs(args.name, args.node, file=file)
+    # Following, the offsets count the file's bytes: the lines are filtered here, not by the server.
+    logs = client.node_logs(args.name, args.node, file=file, grep="" if args.follow else args.grep)
     if args.output == "json":
         out.print_json(json.dumps({"node": logs.node, "files": [
             {"name": f.name, "size": f.size, "offset": f.offset, "text": f.data.decode("utf-8", "replace")}
@@ -433,7 +439,7 @@ def _node_logs(args: argparse.Namespace) -> int:
         if not args.follow:
             part = f", the last {len(f.data)}" if f.offset else ""
             err.print(f"[bold]==> {logs.node}/{f.name} ({f.size} bytes{part}) <==[/bold]")
-        sys.stdout.write(f.data.decode("utf-8", "replace"))
+        sys.stdout.write(grep_lines(f.data, args.grep).decode("utf-8", "replace"))
         sys.stdout.flush()
     if not args.follow:
         return 0
@@ -446,14 +452,35 @@ def _node_logs(args: argparse.Namespace) -> int:
         more = client.node_logs(args.name, args.node, file=file, offset=offset).files
         for f in more:
             if f.data:
-                sys.stdout.write(f.data.decode("utf-8", "replace"))
+                sys.stdout.write(grep_lines(f.data, args.grep).decode("utf-8", "replace"))
                 sys.stdout.flush()
                 offset = f.offset + len(f.data)
+
+
+def _kept_logs(args: argparse.Namespace) -> int:
+    """What a teardown kept of a cluster's nodes' logs (--run)."""
+    if args.follow:
+        err.print("[red]error:[/red] -f follows a running node's log; a kept run's logs do not grow: leave out -f")
+        return 2
+    logs = _client(args).node_logs(args.name, args.node or "", run=args.run, grep=args.grep)
+    if args.output == "json":
+        out.print_json(json.dumps({"run": args.run, "files": [
+            {"name": f.name, "size": f.size, "text": f.data.decode("utf-8", "replace")} for f in logs.files]}))
+        return 0
+    for f in logs.files:
+        err.print(f"[bold]==> {f.name} ({f.size} bytes{', matching lines' if args.grep else ''}) <==[/bold]")
+        sys.stdout.write(f.data.decode("utf-8", "replace"))
+        sys.stdout.flush()
+    if not logs.files:
+        err.print(f"no line contains {args.grep!r}" if args.grep else "the run kept no files")
+    return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
     from raydist._proto import pb
 
+    if args.run:
+        return _kept_logs(args)
     if args.node:
         return _node_logs(args)
     client = _client(args)

@@ -106,7 +106,19 @@ def test_node_logs_through_the_supervisor_and_kept_at_down(server: Server) -> No
     runs = list((server.home / "logs" / "logged").iterdir())
     assert len(runs) == 1 and {p.name for p in runs[0].iterdir()} == {"head", "w0"}
     assert (runs[0] / "w0" / "raylet.out").stat().st_size > 0
-    assert "nodes' logs kept in" in server.cli("logs", "logged").stdout
+    assert f"raydist logs NAME --run {runs[0].name}" in server.cli("logs", "logged").stdout
+    # What a user reads next, the cluster gone: the kept run, every node's
+    # files or one node's, only the lines that matter.
+    kept = server.cli("logs", "logged", "--run", "last", "-o", "json")
+    assert kept.returncode == 0, kept.stderr
+    names = {f["name"] for f in json.loads(kept.stdout)["files"]}
+    assert {"head/gcs_server.out", "w0/raylet.out", "w0/raydist-w0.log"} <= names, names
+    grepped = server.cli("logs", "logged", "--run", runs[0].name, "--node", "w0", "--grep", "raylet")
+    lines = grepped.stdout.splitlines()
+    assert grepped.returncode == 0 and lines and all("raylet" in line for line in lines), grepped.stderr
+    assert "==> w0/raylet.out" in grepped.stderr and "head/" not in grepped.stderr
+    wrong = server.cli("logs", "logged", "--run", "20000101-000000")
+    assert wrong.returncode != 0 and runs[0].name in wrong.stderr and "run" in wrong.stderr, wrong.stderr
 
 
 def test_watch_in_order_and_idempotent_create(server: Server) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from raydist.engine.nodelogs import keep, read_logs
+from raydist.engine.nodelogs import keep, kept_runs, read_kept, read_logs
 
 pytestmark = pytest.mark.unit
 
@@ -121,3 +121,36 @@ def test_teardown_log_collection_is_bounded_in_parallel_and_in_total() -> None:
     t = __import__("time").monotonic()
     assert collect({k: n.link for k, n in slow.items()}, timeout=1.0) == {}  # bounded in time, too
     assert __import__("time").monotonic() - t < 2.0
+
+
+def test_a_kept_run_is_read_back_by_run_node_and_text(tmp_path: Path) -> None:
+    from raydist.errors import ClusterNotReadyError, SpecError
+
+    root = tmp_path / "logs"
+    root.mkdir()
+    with pytest.raises(ClusterNotReadyError, match="no kept logs"):
+        read_kept(root, "c")
+    old = keep(root, "c", {"head": [("gcs_server.out", 9, b"old line\n")]})
+    time.sleep(1.1)  # a run's directory is named by the second
+    new = keep(root, "c", {"head": [("gcs_server.out", 20, b"gcs up\nerror: boom\n")],
+                           "w0": [("raylet.out", 30, b"raylet up\nerror: lost\nbye\n")]})
+    assert kept_runs(root, "c") == [old.name, new.name]
+    run, files = read_kept(root, "c")  # the last run, every node
+    assert run == new.name and {(n, f) for n, f, _, _ in files} == {("head", "gcs_server.out"), ("w0", "raylet.out")}
+    run, files = read_kept(root, "c", run=old.name)
+    assert [d for _, _, _, d in files] == [b"old line\n"]
+    _, files = read_kept(root, "c", grep="error:")
+    assert sorted(d for _, _, _, d in files) == [b"error: boom\n", b"error: lost\n"]
+    _, files = read_kept(root, "c", node="w0", grep="error:")
+    assert [(n, d) for n, _, _, d in files] == [("w0", b"error: lost\n")]
+    assert read_kept(root, "c", grep="nowhere")[1] == []
+    _, files = read_kept(root, "c", node="w0", max_bytes=4)
+    assert [d for _, _, _, d in files] == [b"bye\n"]  # the tail
+    for bad, field in ((dict(run="19990101-000000"), "run"), (dict(node="w9"), "node"),
+                       (dict(grep="x" * 201), "grep"), (dict(grep="a\nb"), "grep")):
+        with pytest.raises(SpecError) as caught:
+            read_kept(root, "c", **bad)
+        assert caught.value.field == field, bad
+    with pytest.raises(SpecError) as caught:
+        read_kept(root, "c", run="nope")
+    assert new.name in str(caught.value) and old.name in str(caught.value)  # it names what exists

@@ -198,11 +198,15 @@ class Client:
         return self._call("GetClusterCredentials", self._pb.GetClusterCredentialsRequest(name=name), timeout, None)
 
     def node_logs(self, name: str, node: str, *, file: str = "", offset: int = 0, max_bytes: int = 0,
-                  timeout: float | None = None) -> Any:
+                  run: str = "", grep: str = "", timeout: float | None = None) -> Any:
         """One node's Ray log files (``NodeLogs``), read now by its supervisor:
         ``node`` is its index in ``Cluster.nodes``, its key or a Ray node id
-        prefix; ``file`` one file; ``offset`` from that byte on (0: the tail)."""
-        request = self._pb.GetNodeLogsRequest(name=name, node=node, file=file, offset=offset, max_bytes=max_bytes)
+        prefix; ``file`` one file; ``offset`` from that byte on (0: the tail).
+        ``run``: what a teardown kept instead ("last" or a kept run's name;
+        ``node`` may be empty then: every node's). ``grep``: only the lines
+        containing that text."""
+        request = self._pb.GetNodeLogsRequest(name=name, node=node, file=file, offset=offset, max_bytes=max_bytes,
+                                              run=run, grep=grep)
         return self._call("GetNodeLogs", request, timeout, None)
 
     def server_info(self, *, timeout: float | None = None) -> Any:

@@ -16,6 +16,7 @@ from raydist.control.protos import ClusterProtos, ts
 from raydist.control.sparkhost import SparkHost
 from raydist.control.store import ClusterRow, Store
 from raydist.control.tenants import Quota, owner_of
+from raydist.engine import nodelogs
 from raydist.engine.auth import RayToken
 from raydist.engine.cluster import RayCluster
 from raydist.engine.slot import NodeCounters
@@ -27,6 +28,7 @@ from raydist.errors import (
     QuotaExceededError,
     SpecError,
 )
+from raydist.paths import logs_dir
 from raydist.spec import ClusterSpec, State, check_name, spec_from_proto, spec_to_proto
 
 __all__ = ["ClusterManager", "ts"]
@@ -214,8 +216,11 @@ class ClusterManager:
 
     def node_logs(self, request: Any) -> Any:
         """GetNodeLogs: one node's log files, read now by its supervisor
-        (blocks up to 10 s: run it off the event loop)."""
+        (blocks up to 10 s: run it off the event loop); or, with ``run``,
+        what a teardown of the cluster kept, from this server's disk."""
         name = check_name(request.name, full=True)
+        if request.run:
+            return self._kept_logs(name, request)
         if not request.node or len(request.node) > 64:
             raise SpecError("node", request.node[:70], "give the node's index as `raydist status NAME` lists it, "
                                                        "its key (head, w0...) or a prefix of its Ray node id")
@@ -228,17 +233,40 @@ class ClusterManager:
                 raise ClusterNotFoundError(name)
             engine = self._engines.get(name)
         if engine is None:
-            raise ClusterNotReadyError(f"cluster {name!r} runs no nodes now; its last run's logs, if any, "
-                                       f"are under RAYDIST_HOME/logs/{name}/ on the control plane's host")
+            raise ClusterNotReadyError(f"cluster {name!r} runs no nodes now; what its last teardown kept of "
+                                       "its nodes' logs: raydist logs NAME --run last")
         try:
             key, files = engine.node_logs(request.node, name=request.file, offset=request.offset,
                                           max_bytes=request.max_bytes or _LOG_BYTES_DEFAULT)
         except TimeoutError as exc:
             raise ClusterNotReadyError(f"cluster {name!r}: {exc}") from None
         pb = self._pb
+        # offset: where the bytes read start in the file (what a follower counts on), lines kept or not.
+        read = [(f, size, request.offset if request.offset else size - len(data), nodelogs.grep_lines(
+            data, request.grep)) for f, size, data in files]
         return pb.NodeLogs(name=name, node=key, files=[
-            pb.LogFile(name=f, size=size, offset=request.offset if request.offset else size - len(data), data=data)
-            for f, size, data in files])
+            pb.LogFile(name=f, size=size, offset=offset, data=data) for f, size, offset, data in read
+            if data or not request.grep])
+
+    def _kept_logs(self, name: str, request: Any) -> Any:
+        """GetNodeLogs with ``run``: the files a teardown of ``name`` kept
+        (``RAYDIST_HOME/logs``), found whether or not the cluster still runs
+        or is still listed: the logs outlive it."""
+        if request.offset:
+            raise SpecError("offset", request.offset, "0 with run: a kept file is read whole, newest first")
+        if not 0 <= request.max_bytes <= _LOG_BYTES_MAX:
+            raise SpecError("max_bytes", request.max_bytes,
+                            f"0 <= max_bytes <= {_LOG_BYTES_MAX} (0: {_LOG_BYTES_DEFAULT})")
+        if len(request.run) > 32:
+            raise SpecError("run", request.run[:40], "'last' or a kept run's name (YYYYmmdd-HHMMSS)")
+        if len(request.node) > 64:
+            raise SpecError("node", request.node[:70], "a node's key (head, w0...)")
+        _run, files = nodelogs.read_kept(logs_dir(), name, run=request.run, node=request.node, grep=request.grep,
+                                         max_bytes=request.max_bytes or _LOG_BYTES_DEFAULT)
+        pb = self._pb
+        return pb.NodeLogs(name=name, node=request.node, files=[
+            pb.LogFile(name=file if request.node else f"{node}/{file}", size=size, offset=max(0, size - len(data)),
+                       data=data) for node, file, size, data in files])
 
     def list(self, page_size: int, page_token: str, visible: Callable[[str], bool] = lambda _name: True,
              full_name: Callable[[str], str] = lambda name: name) -> tuple[list[Any], str]:

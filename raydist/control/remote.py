@@ -70,6 +70,13 @@ class RemoteCluster:
         logs = self._client.node_logs(self.name, node, file=name, offset=offset, max_bytes=max_bytes)
         return logs.node, [(f.name, f.size, f.data) for f in logs.files]
 
+    def logs(self, run: str = "last", *, node: str = "", grep: str = "") -> list[tuple[str, bytes]]:
+        """What a teardown of this cluster kept of its nodes' logs, on the
+        control plane's host (as ``RayCluster.logs``): [(NODE/FILE, bytes)],
+        newest first; ``grep``: only the lines containing that text."""
+        got = self._client.node_logs(self.name, node, run=run, grep=grep)
+        return [(f.name if not node else f"{node}/{f.name}", f.data) for f in got.files]
+
     def jobs(self) -> Jobs:
         """This cluster's Ray jobs (it needs ``dashboard=True``); the control
         plane records the credentials it hands out for them."""

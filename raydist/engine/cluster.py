@@ -341,7 +341,7 @@ class RayCluster:
         if channel is not None:
             # Before the nodes stop and their temp dirs go.
             if (kept := nodelogs.keep_run(logs_dir(), self.name, channel.links())) is not None:
-                self._record(f"nodes' logs kept in {kept}")
+                self._record(f"nodes' logs kept in {kept} (raydist logs NAME --run {kept.name})")
             # The whole cluster goes, this process disconnected already: no
             # node has anything left to drain, so none waits for Ray's
             # graceful stop (the Spark slots come back at once).
@@ -386,6 +386,14 @@ class RayCluster:
             links = self._channel.links() if self._channel is not None else {}
         link = nodelogs.pick(self.name, nodes, links, node)
         return link.key, link.fetch_logs(name=name, offset=offset, max_bytes=max_bytes)
+
+    def logs(self, run: str = "last", *, node: str = "", grep: str = "") -> list[tuple[str, bytes]]:
+        """What a teardown of this cluster kept of its nodes' logs
+        (``RAYDIST_HOME/logs/<name>/<run>/``): [(NODE/FILE, bytes)], newest
+        first, ``run`` "last" or a kept run's name, one ``node`` or every
+        one, only the lines containing ``grep``."""
+        _run, files = nodelogs.read_kept(logs_dir(), self.name, run=run, node=node, grep=grep)
+        return [(f"{n}/{f}", data) for n, f, _size, data in files]
 
     def __enter__(self) -> RayCluster:
         return self

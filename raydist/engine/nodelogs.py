@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CHUNK", "KEEP_BYTES", "NODE_BYTES", "LogFile", "chunks", "collect", "keep", "keep_run", "pick",
-           "read_logs"]
+__all__ = ["CHUNK", "KEEP_BYTES", "NODE_BYTES", "LogFile", "KeptFile", "chunks", "collect", "grep_lines", "keep",
+           "keep_run", "kept_runs", "pick", "read_kept", "read_logs"]
 
 #: Raw bytes per link message (base64 makes them 4/3 as many characters).
 CHUNK = 24 * 1024
@@ -176,6 +176,67 @@ def pick(cluster: str, nodes: Sequence[NodeStatus], links: Mapping[str, Any], no
         known = ", ".join(f"{i}={n.key}" for i, n in enumerate(nodes))
         raise ClusterNotReadyError(f"cluster {cluster!r} has no running node {node!r} (its nodes: {known})")
     return link
+
+
+#: One kept file: (its node, its name, its size, the bytes given).
+KeptFile = tuple[str, str, int, bytes]
+#: What a ``grep`` pattern may be: a plain substring, never a regular
+#: expression (a caller's pattern must not be able to stall the server).
+GREP_MAX = 200
+
+
+def kept_runs(root: Path, cluster: str) -> list[str]:
+    """The runs whose logs a teardown kept for ``cluster``, oldest first
+    (each named by when it was kept, ``YYYYmmdd-HHMMSS``)."""
+    where = root / cluster
+    if not where.is_dir():
+        return []
+    return sorted(d.name for d in where.iterdir() if d.is_dir())
+
+
+def grep_lines(data: bytes, text: str) -> bytes:
+    """The lines of ``data`` that contain ``text`` (every line when empty)."""
+    if not text:
+        return data
+    needle = text.encode()
+    return b"".join(line for line in data.splitlines(keepends=True) if needle in line)
+
+
+def read_kept(root: Path, cluster: str, *, run: str = "last", node: str = "", grep: str = "",
+              max_bytes: int = NODE_BYTES) -> tuple[str, list[KeptFile]]:
+    """What a teardown kept of ``cluster``'s nodes' logs: the run ``run``
+    names (``last``, or its name as :func:`kept_runs` gives it), one node's
+    files or every node's, newest first, only the lines containing ``grep``,
+    at most ``max_bytes`` in all (each file's tail where it must be cut).
+    Returns (the run's name, its files). SpecError naming ``run``, ``node``
+    or ``grep`` and what exists; ClusterNotReadyError when nothing was kept."""
+    from raydist.errors import ClusterNotReadyError, SpecError
+
+    if len(grep) > GREP_MAX or "\n" in grep:
+        raise SpecError("grep", grep[:40], f"a piece of text of at most {GREP_MAX} characters, on one line")
+    runs = kept_runs(root, cluster)
+    if not runs:
+        raise ClusterNotReadyError(f"cluster {cluster!r} has no kept logs: a teardown keeps its nodes' logs "
+                                   f"(under {root}/{cluster}/), and none has run or kept any yet")
+    chosen = runs[-1] if run in ("", "last") else run
+    if chosen not in runs:
+        raise SpecError("run", run, f"'last' or one of the kept runs: {', '.join(reversed(runs[-10:]))}")
+    where = root / cluster / chosen
+    nodes = sorted(d.name for d in where.iterdir() if d.is_dir())
+    if node and node not in nodes:
+        raise SpecError("node", node, f"one of the run's nodes: {', '.join(nodes)}")
+    files = sorted((f for n in ([node] if node else nodes) for f in (where / n).iterdir() if f.is_file()),
+                   key=lambda f: f.stat().st_mtime, reverse=True)
+    out: list[KeptFile] = []
+    left = max_bytes
+    for f in files:
+        data = grep_lines(f.read_bytes(), grep)
+        if grep and not data:
+            continue
+        data = data[-left:] if left > 0 else b""
+        left -= len(data)
+        out.append((f.parent.name, f.name, f.stat().st_size, data))
+    return chosen, out
 
 
 def _size(path: Path) -> int:

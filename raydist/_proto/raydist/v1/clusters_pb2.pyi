@@ -234,18 +234,22 @@ class GetClusterCredentialsRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class GetNodeLogsRequest(_message.Message):
-    __slots__ = ("name", "node", "file", "offset", "max_bytes")
+    __slots__ = ("name", "node", "file", "offset", "max_bytes", "run", "grep")
     NAME_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     FILE_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    GREP_FIELD_NUMBER: _ClassVar[int]
     name: str
     node: str
     file: str
     offset: int
     max_bytes: int
-    def __init__(self, name: _Optional[str] = ..., node: _Optional[str] = ..., file: _Optional[str] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+    run: str
+    grep: str
+    def __init__(self, name: _Optional[str] = ..., node: _Optional[str] = ..., file: _Optional[str] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ..., run: _Optional[str] = ..., grep: _Optional[str] = ...) -> None: ...
 
 class LogFile(_message.Message):
     __slots__ = ("name", "size", "offset", "data")
