@@ -299,3 +299,19 @@ def test_every_class_logs_into_the_drivers_mlflow_run(cluster, mlflow_server, mo
     assert figures.metrics["raydist.workers"] == 2 and figures.metrics["raydist.run_wall_s"] > 0
     records = [a.path for a in client.list_artifacts(run.info.run_id, "raydist")]
     assert len(records) == 7, records
+
+
+def test_rank_zeros_reports_show_one_line_each_in_place_of_ray_trains(cluster, caplog, capfd) -> None:
+    """Off a terminal (here) rank 0's reports are log records, one per
+    report; Ray Train's raw per-report lines from every rank are gone."""
+    import logging
+    import time
+
+    from raydist.train import TorchTrainer
+
+    with caplog.at_level(logging.INFO, logger="raydist.train.progress"):
+        assert TorchTrainer(train_fns.report_fn, config={"epochs": 3}, workers=2, cluster=cluster).run() == 3
+    shown = [r.getMessage() for r in caplog.records if r.name == "raydist.train.progress"]
+    assert shown == [f"TorchTrainer: report {i + 1} · epoch {i} · loss {1.0 / (i + 1):.4g} · rank 0" for i in range(3)]
+    time.sleep(2)  # the workers' output reaches this process's stderr a moment later
+    assert "Reporting training result" not in capfd.readouterr().err

@@ -54,6 +54,7 @@ class Facade:
         self.last_result: Any = None
         """Ray Train's Result of the last ``run``."""
         self._mlflow: Any = None  # the driver's MLflow context for the fit in progress
+        self._progress: Any = None  # the callback that passes the fit's reports to this process
 
     # subclass hooks ----------------------------------------------------------
 
@@ -88,6 +89,8 @@ class Facade:
             changes["failure_config"] = self.failure_config
         if self.checkpoint_config is not None:
             changes["checkpoint_config"] = self.checkpoint_config
+        if self._progress is not None:
+            changes["callbacks"] = [*(run.callbacks or []), self._progress]
         if changes:
             import dataclasses
 
@@ -96,8 +99,10 @@ class Facade:
 
     def build(self) -> Any:
         """The Ray Train trainer this facade runs (for users who need more)."""
+        from raydist.train._progress import quiet_reports
+
         cls = self._ray_trainer_class()
-        worker = self._worker_fn()
+        worker = quiet_reports(self._worker_fn())  # rank 0's reports are shown here instead
         self.trainer = cls(
             self._mlflow.wrap(worker) if self._mlflow is not None else worker,
             train_loop_config=self._loop_config(),
@@ -122,6 +127,7 @@ class Facade:
         (``.metrics``, ``.checkpoint``, ``.return_value`` of rank 0)."""
         from raydist.train._fit import fit_ready
         from raydist.train._mlflow import tracked_run
+        from raydist.train._progress import shown_progress
         from raydist.train._signals import keyboard_interrupts
         from raydist.train.session import training_session
 
@@ -133,7 +139,8 @@ class Facade:
                 with session.connected(
                     self.cluster, workers=self.workers, resources_per_worker=self.resources_per_worker,
                     use_gpu=self.use_gpu, keep_warm_s=self.keep_warm_s,
-                ) as handle:
+                ) as handle, shown_progress(type(self).__name__) as progress:
+                    self._progress = progress
                     return fit_ready(self.build(), raydist_cluster=handle is not None).fit()
             finally:
-                self._mlflow = None
+                self._mlflow = self._progress = None
