@@ -28,25 +28,18 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import torch.optim as optim  # noqa: E402
+from _session import session_args, user_session  # noqa: E402
 from horovod.spark.common.backend import SparkBackend  # noqa: E402
 from horovod.spark.common.store import Store  # noqa: E402
 from pyspark.ml.evaluation import MulticlassClassificationEvaluator  # noqa: E402
 from pyspark.ml.feature import VectorAssembler  # noqa: E402
-from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql.functions import udf  # noqa: E402
 
 parser = argparse.ArgumentParser()
-where = parser.add_mutually_exclusive_group(required=True)
-where.add_argument("--master")
-where.add_argument("--connect")
+session_args(parser)
 parser.add_argument("work_dir")
 args = parser.parse_args()
-
-if args.connect:
-    spark = SparkSession.builder.remote(args.connect).getOrCreate()
-else:
-    spark = (SparkSession.builder.master(args.master).config("spark.ui.enabled", "false")
-             .config("spark.executor.memory", "1g").getOrCreate())
+spark = user_session(args)
 
 # Three classes in four numbers: which of the first three is largest.
 rng = random.Random(5)

@@ -14,21 +14,15 @@ import json
 import os
 
 import mlflow
-from pyspark.sql import SparkSession
+from _session import session_args, user_session
 
 from raydist.compat import TorchDistributor
 
 parser = argparse.ArgumentParser()
-where = parser.add_mutually_exclusive_group(required=True)
-where.add_argument("--master")
-where.add_argument("--connect")
+session_args(parser)
 parser.add_argument("tracking_uri")
 args = parser.parse_args()
-
-if args.connect:
-    spark = SparkSession.builder.remote(args.connect).getOrCreate()
-else:
-    spark = SparkSession.builder.master(args.master).config("spark.ui.enabled", "false").getOrCreate()
+spark = user_session(args)
 
 
 def train(steps):
