@@ -282,6 +282,12 @@ def test_every_class_logs_into_the_drivers_mlflow_run(cluster, mlflow_server, mo
             status_while_open = client.get_run(run.info.run_id).info.status
     finally:
         configure_mlflow(all_ranks=False)
+        # This process's MLflow as it was: the tests after this one run with no tracking server chosen.
+        from mlflow.tracking import fluent
+        from mlflow.tracking._tracking_service import utils
+
+        utils._tracking_uri = None
+        fluent._active_experiment_id = None
     assert status_while_open == "RUNNING"  # no rank ended the driver's run
     for key, out in returned.items():
         assert out["rank"] == 0 and out["token"] == token, (key, out)
