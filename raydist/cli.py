@@ -463,14 +463,12 @@ def _kept_logs(args: argparse.Namespace) -> int:
         err.print("[red]error:[/red] -f follows a running node's log; a kept run's logs do not grow: leave out -f")
         return 2
     logs = _client(args).node_logs(args.name, args.node or "", run=args.run, grep=args.grep)
-    # NODE/FILE either way (the server names one node's files by file alone).
-    named = [(f"{logs.node}/{f.name}" if logs.node else f.name, f) for f in logs.files]
     if args.output == "json":
         out.print_json(json.dumps({"run": args.run, "files": [
-            {"name": name, "size": f.size, "text": f.data.decode("utf-8", "replace")} for name, f in named]}))
+            {"name": f.name, "size": f.size, "text": f.data.decode("utf-8", "replace")} for f in logs.files]}))
         return 0
-    for name, f in named:
-        err.print(f"[bold]==> {name} ({f.size} bytes{', matching lines' if args.grep else ''}) <==[/bold]")
+    for f in logs.files:
+        err.print(f"[bold]==> {f.name} ({f.size} bytes{', matching lines' if args.grep else ''}) <==[/bold]")
         sys.stdout.write(f.data.decode("utf-8", "replace"))
         sys.stdout.flush()
     if not logs.files:

@@ -219,15 +219,16 @@ class ClusterManager:
         (blocks up to 10 s: run it off the event loop); or, with ``run``,
         what a teardown of the cluster kept, from this server's disk."""
         name = check_name(request.name, full=True)
+        if request.offset < 0 or not 0 <= request.max_bytes <= _LOG_BYTES_MAX:
+            field = "offset" if request.offset < 0 else "max_bytes"
+            raise SpecError(field, getattr(request, field), f"expected offset >= 0 and 0 <= max_bytes <= "
+                                                             f"{_LOG_BYTES_MAX} (0: {_LOG_BYTES_DEFAULT})")
+        nodelogs.check_grep(request.grep)
         if request.run:
             return self._kept_logs(name, request)
         if not request.node or len(request.node) > 64:
             raise SpecError("node", request.node[:70], "give the node's index as `raydist status NAME` lists it, "
                                                        "its key (head, w0...) or a prefix of its Ray node id")
-        if request.offset < 0 or not 0 <= request.max_bytes <= _LOG_BYTES_MAX:
-            field = "offset" if request.offset < 0 else "max_bytes"
-            raise SpecError(field, getattr(request, field), f"expected offset >= 0 and 0 <= max_bytes <= "
-                                                             f"{_LOG_BYTES_MAX} (0: {_LOG_BYTES_DEFAULT})")
         with self._lock:
             if self._store.get(name) is None:
                 raise ClusterNotFoundError(name)
@@ -251,12 +252,9 @@ class ClusterManager:
     def _kept_logs(self, name: str, request: Any) -> Any:
         """GetNodeLogs with ``run``: the files a teardown of ``name`` kept
         (``RAYDIST_HOME/logs``), found whether or not the cluster still runs
-        or is still listed: the logs outlive it."""
+        or is still listed: the logs outlive it. Each file is named NODE/FILE."""
         if request.offset:
             raise SpecError("offset", request.offset, "0 with run: a kept file is read whole, newest first")
-        if not 0 <= request.max_bytes <= _LOG_BYTES_MAX:
-            raise SpecError("max_bytes", request.max_bytes,
-                            f"0 <= max_bytes <= {_LOG_BYTES_MAX} (0: {_LOG_BYTES_DEFAULT})")
         if len(request.run) > 32:
             raise SpecError("run", request.run[:40], "'last' or a kept run's name (YYYYmmdd-HHMMSS)")
         if len(request.node) > 64:
@@ -265,8 +263,8 @@ class ClusterManager:
                                          max_bytes=request.max_bytes or _LOG_BYTES_DEFAULT)
         pb = self._pb
         return pb.NodeLogs(name=name, node=request.node, files=[
-            pb.LogFile(name=file if request.node else f"{node}/{file}", size=size, offset=max(0, size - len(data)),
-                       data=data) for node, file, size, data in files])
+            pb.LogFile(name=f"{node}/{file}", size=size, offset=max(0, size - len(data)), data=data)
+            for node, file, size, data in files])
 
     def list(self, page_size: int, page_token: str, visible: Callable[[str], bool] = lambda _name: True,
              full_name: Callable[[str], str] = lambda name: name) -> tuple[list[Any], str]:

@@ -75,7 +75,7 @@ class RemoteCluster:
         control plane's host (as ``RayCluster.logs``): [(NODE/FILE, bytes)],
         newest first; ``grep``: only the lines containing that text."""
         got = self._client.node_logs(self.name, node, run=run, grep=grep)
-        return [(f.name if not node else f"{node}/{f.name}", f.data) for f in got.files]
+        return [(f.name, f.data) for f in got.files]
 
     def jobs(self) -> Jobs:
         """This cluster's Ray jobs (it needs ``dashboard=True``); the control

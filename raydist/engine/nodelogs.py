@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CHUNK", "KEEP_BYTES", "NODE_BYTES", "LogFile", "KeptFile", "chunks", "collect", "grep_lines", "keep",
-           "keep_run", "kept_runs", "pick", "read_kept", "read_logs"]
+__all__ = ["CHUNK", "KEEP_BYTES", "NODE_BYTES", "LogFile", "KeptFile", "check_grep", "chunks", "collect",
+           "grep_lines", "keep", "keep_run", "kept_runs", "pick", "read_kept", "read_logs"]
 
 #: Raw bytes per link message (base64 makes them 4/3 as many characters).
 CHUNK = 24 * 1024
@@ -194,6 +194,16 @@ def kept_runs(root: Path, cluster: str) -> list[str]:
     return sorted(d.name for d in where.iterdir() if d.is_dir())
 
 
+def check_grep(text: str) -> str:
+    """``text`` if it may be a ``grep`` (at most :data:`GREP_MAX` characters,
+    one line); else SpecError naming ``grep``."""
+    from raydist.errors import SpecError
+
+    if len(text) > GREP_MAX or "\n" in text:
+        raise SpecError("grep", text[:40], f"a piece of text of at most {GREP_MAX} characters, on one line")
+    return text
+
+
 def grep_lines(data: bytes, text: str) -> bytes:
     """The lines of ``data`` that contain ``text`` (every line when empty)."""
     if not text:
@@ -208,12 +218,12 @@ def read_kept(root: Path, cluster: str, *, run: str = "last", node: str = "", gr
     names (``last``, or its name as :func:`kept_runs` gives it), one node's
     files or every node's, newest first, only the lines containing ``grep``,
     at most ``max_bytes`` in all (each file's tail where it must be cut).
-    Returns (the run's name, its files). SpecError naming ``run``, ``node``
-    or ``grep`` and what exists; ClusterNotReadyError when nothing was kept."""
+    Returns (the run's name, its files, each named by its node and its own
+    name). SpecError naming ``run``, ``node`` or ``grep`` and what exists;
+    ClusterNotReadyError when nothing was kept."""
     from raydist.errors import ClusterNotReadyError, SpecError
 
-    if len(grep) > GREP_MAX or "\n" in grep:
-        raise SpecError("grep", grep[:40], f"a piece of text of at most {GREP_MAX} characters, on one line")
+    check_grep(grep)
     runs = kept_runs(root, cluster)
     if not runs:
         raise ClusterNotReadyError(f"cluster {cluster!r} has no kept logs: a teardown keeps its nodes' logs "
@@ -225,17 +235,17 @@ def read_kept(root: Path, cluster: str, *, run: str = "last", node: str = "", gr
     nodes = sorted(d.name for d in where.iterdir() if d.is_dir())
     if node and node not in nodes:
         raise SpecError("node", node, f"one of the run's nodes: {', '.join(nodes)}")
-    files = sorted((f for n in ([node] if node else nodes) for f in (where / n).iterdir() if f.is_file()),
-                   key=lambda f: f.stat().st_mtime, reverse=True)
+    files = sorted(((f, f.stat()) for n in ([node] if node else nodes) for f in (where / n).iterdir()
+                    if f.is_file()), key=lambda pair: pair[1].st_mtime, reverse=True)
     out: list[KeptFile] = []
     left = max_bytes
-    for f in files:
+    for f, info in files:
         data = grep_lines(f.read_bytes(), grep)
         if grep and not data:
             continue
         data = data[-left:] if left > 0 else b""
         left -= len(data)
-        out.append((f.parent.name, f.name, f.stat().st_size, data))
+        out.append((f.parent.name, f.name, info.st_size, data))
     return chosen, out
 
 
