@@ -549,12 +549,11 @@ class ClusterManager:
         that fails to start, is FAILED with the reason; its row stays. Each
         Spark's clusters wait for that Spark alone: a tenant's application
         that is down holds back no other's."""
-        by_host: dict[int, tuple[SparkHost, list[str]]] = {}
+        by_host: dict[SparkHost, list[str]] = {}
         for name in names:
-            host = self.host_of(name)
-            by_host.setdefault(id(host), (host, []))[1].append(name)
+            by_host.setdefault(self.host_of(name), []).append(name)
         waits = [threading.Thread(target=self._restart_on, args=(host, some), name="raydist-restart-wait",
-                                  daemon=True) for host, some in by_host.values()]
+                                  daemon=True) for host, some in by_host.items()]
         for wait in waits:
             wait.start()
         for wait in waits:

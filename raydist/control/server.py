@@ -405,15 +405,12 @@ async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None
             return connect_session(config.spark_remote, config.spark_conf)
         return embedded_session(config.spark_master, config.spark_conf)
 
-    def tenant_spark(remote: str) -> Callable[[], Any]:
-        # The tenant's application is configured where its Connect server runs.
-        return lambda: connect_session(remote)
-
     manager = ClusterManager(store, spark, notify,
                              head_ports=config.head_ports, head_in_task=config.heads_in_tasks(),
                              link_ports=config.link_port_range(),
-                             tenant_sparks={t.name: tenant_spark(t.spark_remote) for t in config.tenants
-                                            if t.spark_remote})
+                             # A tenant's application is configured where its Connect server runs.
+                             tenant_sparks={t.name: functools.partial(connect_session, t.spark_remote)
+                                            for t in config.tenants if t.spark_remote})
     metrics = Metrics(manager.states, manager.node_counters)
     # Before Spark starts (see load_or_create_server_token).
     tenants = Tenants(load_or_create_server_token(), config.tenants)
