@@ -237,16 +237,16 @@ def driver_context(settings: MlflowSettings | None = None) -> tuple[MlflowContex
     run = mlflow.active_run()
     if run is None and settings.start_run:
         started = run = mlflow.start_run()
+    if run is None and "MLFLOW_TRACKING_URI" not in os.environ and not _set_explicitly():
+        return None, None  # MLflow imported, nothing set up: the ranks go on as before
     env["MLFLOW_TRACKING_URI"] = _absolute(mlflow.get_tracking_uri())
     experiment = run.info.experiment_id if run is not None else os.environ.get("MLFLOW_EXPERIMENT_ID", "")
     if experiment:
         env["MLFLOW_EXPERIMENT_ID"] = experiment
-    if run is None and "MLFLOW_TRACKING_URI" not in os.environ and not _set_explicitly(mlflow):
-        return None, None  # MLflow imported, nothing set up: the ranks go on as before
     return MlflowContext(env, run.info.run_id if run is not None else "", experiment, settings.all_ranks), started
 
 
-def _set_explicitly(mlflow: Any) -> bool:
+def _set_explicitly() -> bool:
     """Whether the user chose a tracking URI (``mlflow.set_tracking_uri``)."""
     try:
         from mlflow.tracking._tracking_service import utils
