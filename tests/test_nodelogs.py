@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from raydist.engine.nodelogs import keep, kept_runs, read_kept, read_logs
+from raydist.engine.nodelogs import keep, kept_runs, last_words, read_kept, read_logs
 
 pytestmark = pytest.mark.unit
 
@@ -154,3 +154,19 @@ def test_a_kept_run_is_read_back_by_run_node_and_text(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as caught:
         read_kept(root, "c", run="nope")
     assert new.name in str(caught.value) and old.name in str(caught.value)  # it names what exists
+
+
+def test_a_dead_core_process_leaves_its_last_error_lines(tmp_path: Path) -> None:
+    """What goes into "the head node stopped: Ray's raylet exited": its stderr
+    when it wrote one, else its log's ERROR and FATAL lines, never INFO."""
+    logs = tmp_path / "session_latest" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "raylet.out").write_text(
+        "[2026-12-07 00:00:00,001 I 10 10] main.cc:1: starting\n"
+        "[2026-12-07 00:00:00,002 E 10 10] grpc_server.cc:80: Failed to bind port 24123\n"
+        "[2026-12-07 00:00:00,003 I 10 10] main.cc:2: still here\n")
+    assert last_words(str(tmp_path), "raylet") == [
+        "[2026-12-07 00:00:00,002 E 10 10] grpc_server.cc:80: Failed to bind port 24123"]
+    (logs / "raylet.err").write_text("\n*** SIGABRT received\nCheck failed: bound\n")
+    assert last_words(str(tmp_path), "raylet") == ["*** SIGABRT received", "Check failed: bound"]
+    assert last_words(str(tmp_path), "gcs_server") == []

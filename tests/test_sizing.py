@@ -113,3 +113,28 @@ def test_free_ports_stay_out_of_the_ranges_ray_takes_ports_from() -> None:
 
     ports = [free_port("127.0.0.1") for _ in range(300)]
     assert not [p for p in ports if p in RAY_WORKER_PORTS or p in RAY_CLIENT_SERVER_PORTS]
+
+
+def test_callers_picking_at_once_with_sets_of_their_own_never_get_one_port() -> None:
+    """Two clusters' heads starting at once in one control plane (or two
+    supervisors on one host) each pick a handful of ports before either binds
+    them: a port handed to one is kept from the other."""
+    import threading
+
+    from raydist.engine.ports import free_port
+
+    picked: list[list[int]] = [[], []]
+    go = threading.Barrier(2)
+
+    def pick(out: list[int]) -> None:
+        go.wait()
+        taken: set[int] = set()  # each caller's own, as each head's launch has
+        out.extend(free_port("127.0.0.1", taken) for _ in range(200))
+
+    threads = [threading.Thread(target=pick, args=(out,)) for out in picked]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(picked[0]) == len(picked[1]) == 200
+    assert not set(picked[0]) & set(picked[1])

@@ -259,6 +259,10 @@ class ClusterManager:
             raise SpecError("run", request.run[:40], "'last' or a kept run's name (YYYYmmdd-HHMMSS)")
         if len(request.node) > 64:
             raise SpecError("node", request.node[:70], "a node's key (head, w0...)")
+        if not nodelogs.kept_runs(logs_dir(), name):
+            with self._lock:
+                if self._store.get(name) is None:  # neither listed nor ever kept: no such cluster
+                    raise ClusterNotFoundError(name)
         _run, files = nodelogs.read_kept(logs_dir(), name, run=request.run, node=request.node, grep=request.grep,
                                          max_bytes=request.max_bytes or _LOG_BYTES_DEFAULT)
         pb = self._pb

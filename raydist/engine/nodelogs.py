@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["CHUNK", "KEEP_BYTES", "NODE_BYTES", "LogFile", "KeptFile", "check_grep", "chunks", "collect",
-           "grep_lines", "keep", "keep_run", "kept_runs", "pick", "read_kept", "read_logs"]
+           "grep_lines", "keep", "keep_run", "kept_runs", "last_words", "pick", "read_kept", "read_logs"]
 
 #: Raw bytes per link message (base64 makes them 4/3 as many characters).
 CHUNK = 24 * 1024
@@ -53,6 +54,28 @@ def _files(temp_dir: str) -> list[Path]:
     found = [p for p in (root / "session_latest" / "logs").glob("*") if p.is_file()]
     found += [p for p in root.glob("raydist-*.log") if p.is_file()]
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+#: A line Ray's C++ processes log at ERROR or FATAL: ``[time E pid tid] file:line: ...``.
+_SEVERE = re.compile(r"^\[[^\]]* [EF] \d+ \d+\]")
+
+
+def last_words(temp_dir: str, process: str, lines: int = 3) -> list[str]:
+    """What Ray's ``process`` (``raylet``, ``gcs_server``) said last before it
+    died, for the error a user reads: the last ``lines`` of its stderr, or
+    of the ERROR and FATAL lines of its log when stderr is empty."""
+    logs = Path(temp_dir) / "session_latest" / "logs"
+    for suffix, keep in ((".err", lambda line: bool(line.strip())), (".out", _SEVERE.match)):
+        try:
+            with (logs / f"{process}{suffix}").open("rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - (64 << 10)))
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            continue
+        said = [line.strip()[:300] for line in text.splitlines() if keep(line)]
+        if said:
+            return said[-lines:]
+    return []
 
 
 def read_logs(temp_dir: str, *, max_bytes: int = NODE_BYTES, name: str = "", offset: int = 0) -> list[LogFile]:

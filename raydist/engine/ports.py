@@ -7,18 +7,34 @@ the meantime, so a port from that range can be taken before the node binds
 it (a head's GCS then fails to start). Ports are picked between Ray's worker
 range and the ephemeral range when that gap is wide enough, outside the
 window Ray Client's proxy takes its servers' ports from.
+
+Two nodes starting at once on one host (two clusters' heads in one control
+plane, two supervisors on one executor host) each check that a port is free
+before either binds it, so each could be handed the same one. Every port
+handed out is written to a small ledger shared by this user's processes on the
+host (:func:`_ledger`) and not handed again for :data:`LEDGER_S` seconds.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
+import os
 import random
 import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 from raydist.engine.sizing import RAY_WORKER_PORTS
 
 #: Where Ray Client's proxy puts each client's own server (ray.util.client.server.proxier).
 RAY_CLIENT_SERVER_PORTS = range(23000, 24000)
+#: How long a port handed out is kept from every other caller on the host:
+#: time enough for the node it was picked for to bind it.
+LEDGER_S = 180.0
 
 __all__ = ["free_port", "preferred_or_free_port", "wait_for_port", "resolve_host", "gcs_host"]
 
@@ -31,26 +47,64 @@ def free_port(host: str = "127.0.0.1", avoid: set[int] | None = None) -> int:
     same port twice before it binds them.
     """
     avoid = avoid if avoid is not None else set()  # the caller's set, even empty: it learns each port
+    with _ledger() as handed:
+        port = _pick(host, avoid | handed.keys())
+        handed[port] = time.time()
+    avoid.add(port)
+    return port
+
+
+def _pick(host: str, avoid: set[int]) -> int:
     quiet = _quiet_ports()
     for _ in range(200 if quiet else 0):
         port = random.choice(quiet)
-        if port in avoid:
-            continue
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind((host, port))
-        except OSError:
-            continue
-        avoid.add(port)
-        return port
+        if port not in avoid and _free(host, port):
+            return port
     for _ in range(200):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
             port = int(s.getsockname()[1])
         if port not in RAY_WORKER_PORTS and port not in avoid:
-            avoid.add(port)
             return port
     raise OSError(f"no free port outside {RAY_WORKER_PORTS} on {host}")
+
+
+def _free(host: str, port: int) -> bool:
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, port))
+    except OSError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _ledger() -> Iterator[dict[int, float]]:
+    """The ports this user's processes on this host handed out in the last
+    :data:`LEDGER_S` seconds (port: when), held under an exclusive lock and
+    written back as the caller leaves them. Without a writable temp dir:
+    an empty one, and no lock (each process then only avoids its own)."""
+    path = Path(tempfile.gettempdir()) / f"raydist-ports-{os.getuid()}"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        yield {}
+        return
+    with os.fdopen(fd, "r+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        since = time.time() - LEDGER_S
+        handed: dict[int, float] = {}
+        for line in f.read().splitlines():
+            port, _, when = line.partition(" ")
+            try:
+                if float(when) > since:
+                    handed[int(port)] = float(when)
+            except ValueError:
+                continue  # a torn or foreign line: forgotten
+        yield handed
+        f.seek(0)
+        f.truncate()
+        f.write("".join(f"{port} {when:.1f}\n" for port, when in handed.items() if when > since))
 
 
 def _quiet_ports() -> range:
@@ -75,15 +129,9 @@ def preferred_or_free_port(host: str, preferred: int | None, avoid: set[int] | N
     """``preferred`` when it is free now on ``host`` (a fixed port a Service or
     firewall rule names), else any free port as :func:`free_port` picks it."""
     avoid = avoid if avoid is not None else set()
-    if preferred and preferred not in avoid:
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind((host, preferred))
-        except OSError:
-            pass
-        else:
-            avoid.add(preferred)
-            return preferred
+    if preferred and preferred not in avoid and _free(host, preferred):
+        avoid.add(preferred)
+        return preferred
     return free_port(host, avoid)
 
 

@@ -44,7 +44,7 @@ import psutil
 
 from raydist.engine.linkauth import say_hello
 from raydist.engine.nodelink import LOG_TAIL_LINES
-from raydist.engine.nodelogs import NODE_BYTES, chunks, read_logs
+from raydist.engine.nodelogs import NODE_BYTES, chunks, last_words, read_logs
 from raydist.engine.ports import free_port, wait_for_port
 from raydist.engine.reaper import (
     KILL_GRACE_S,
@@ -383,6 +383,8 @@ class Supervisor:
                 while not self.stop.wait(_POLL_S):
                     polls += 1
                     if polls % 5 == 0 and (dead := core_died(core)):
+                        for line in last_words(self.cfg.get("temp_dir") or "", dead):
+                            self.log(f"raydist: {dead}: {line}")  # read before the temp dir goes
                         self.request_stop(f"Ray's {dead} exited")
                         code = 1
                         break
