@@ -428,6 +428,8 @@ class NodeChannel:
             self._emit("demand", link)
         elif kind == "logs":
             link._on_logs(msg)
+        elif kind == "dashboard":
+            link._on_dashboard(msg)
         elif kind == "stopped":
             link.stopped = True
             code = msg.get("code")

@@ -43,7 +43,7 @@ from raydist.engine.slot import NodeCounters, WorkerPool, WorkerSlot
 from raydist.engine.spark_jobs import WorkerJobs
 from raydist.engine.sparkside import missing_raydist
 from raydist.engine.threads import spawn
-from raydist.errors import ClusterFailedError, NodeStartTimeoutError
+from raydist.errors import ClusterFailedError, ClusterNotReadyError, NodeStartTimeoutError, SpecError
 from raydist.jobs import Jobs
 from raydist.paths import logs_dir
 from raydist.spec import ClusterSpec, ClusterStatus, State
@@ -386,6 +386,33 @@ class RayCluster:
             links = self._channel.links() if self._channel is not None else {}
         link = nodelogs.pick(self.name, nodes, links, node)
         return link.key, link.fetch_logs(name=name, offset=offset, max_bytes=max_bytes)
+
+    def dashboard(self, *, stop: bool = False) -> str:
+        """Ray's dashboard for this cluster, started now when it has none
+        (a cluster runs without it unless made with ``dashboard=True``): its
+        URL, which also serves Ray Jobs from then on (:meth:`jobs`). It runs
+        until the cluster goes down, or until ``dashboard(stop=True)``, which
+        returns "". Takes a few seconds the first time; ClusterNotReadyError
+        while the head is not up, or when it could not start."""
+        if self.spec.dashboard:
+            if stop:
+                raise SpecError("stop", True, f"cluster {self.name!r} was made with its dashboard (dashboard=true): "
+                                              "it runs as long as the cluster does")
+            return self.dashboard_url
+        with self._lock:
+            link = self._head.link if self._head.up else None
+        if link is None or self._state not in (State.RUNNING, State.DEGRADED):
+            raise ClusterNotReadyError(f"cluster {self.name!r} is {self._state.value}: its dashboard starts on a "
+                                       "running head (raydist status NAME)")
+        try:
+            url = link.switch_dashboard(stop=stop)
+        except (TimeoutError, RuntimeError) as exc:
+            raise ClusterNotReadyError(f"cluster {self.name!r}: Ray's dashboard did not "
+                                       f"{'stop' if stop else 'start'}: {exc}") from None
+        with self._lock:
+            self.dashboard_url = "" if stop else url
+        self._record(f"Ray's dashboard {'stopped' if stop else f'started at {url}'} on demand")
+        return self.dashboard_url
 
     def logs(self, run: str = "last", *, node: str = "", grep: str = "") -> list[tuple[str, bytes]]:
         """What a teardown of this cluster kept of its nodes' logs

@@ -51,6 +51,7 @@ class NodeLink:
     _post: Callable[[NodeLink, bytes], bool] | None = None
     closed: threading.Event = field(default_factory=threading.Event)
     _log_requests: dict[str, dict[str, Any]] = field(default_factory=dict)  # fetch_logs calls waiting
+    _dashboard_requests: dict[str, dict[str, Any]] = field(default_factory=dict)  # switch_dashboard calls waiting
 
     def ended_why(self) -> str:
         """Why this node is gone, for an error a user reads: the
@@ -79,6 +80,31 @@ class NodeLink:
         self._log_requests[req.id] = req.box
         self.tell({"cmd": "logs", "req": req.id, "max_bytes": max_bytes, "name": name, "offset": offset})
         return req
+
+    def switch_dashboard(self, *, stop: bool = False, timeout: float = 90.0) -> str:
+        """Have this head's supervisor run Ray's dashboard with every module
+        (or, ``stop``, without it again); its URL once it answers.
+        TimeoutError when no answer comes within ``timeout`` s; RuntimeError
+        with the supervisor's words when it could not."""
+        req = secrets.token_hex(6)
+        box: dict[str, Any] = {"done": threading.Event()}
+        self._dashboard_requests[req] = box
+        try:
+            self.tell({"cmd": "dashboard", "req": req, "stop": stop})
+            if not box["done"].wait(timeout):
+                raise TimeoutError(f"node {self.key} did not switch Ray's dashboard within {timeout:g} s")
+        finally:
+            self._dashboard_requests.pop(req, None)
+        if box.get("error"):
+            raise RuntimeError(box["error"])
+        return str(box["url"])
+
+    def _on_dashboard(self, msg: dict[str, Any]) -> None:
+        box = self._dashboard_requests.get(str(msg.get("req", "")))
+        if box is None:
+            return  # an answer nobody waits for any more
+        box["url"], box["error"] = str(msg.get("url", ""))[:300], str(msg.get("error", ""))[:500]
+        box["done"].set()
 
     def _on_logs(self, msg: dict[str, Any]) -> None:
         box = self._log_requests.get(str(msg.get("req", "")))

@@ -42,6 +42,7 @@ from typing import Any
 
 import psutil
 
+from raydist.engine import dashboard
 from raydist.engine.linkauth import say_hello
 from raydist.engine.nodelink import LOG_TAIL_LINES
 from raydist.engine.nodelogs import NODE_BYTES, chunks, last_words, read_logs
@@ -109,6 +110,7 @@ class Supervisor:
         self.frames: Any = None
         self._frames_of: dict[socket.socket, Any] = {}
         self.lock = threading.Lock()
+        self._dashboard_lock = threading.Lock()
         self.proc: subprocess.Popen[str] | None = None
         self.pump: threading.Thread | None = None
         self.started = False  # whether the node's `ray start` was told to go
@@ -208,6 +210,8 @@ class Supervisor:
                         return
                     if msg.get("cmd") == "logs":
                         threading.Thread(target=self._send_logs, args=(msg,), daemon=True).start()
+                    if msg.get("cmd") == "dashboard":
+                        threading.Thread(target=self._switch_dashboard, args=(msg,), daemon=True).start()
                     if msg.get("cmd") == "head" and not self.head_known.is_set():
                         self.head_address = str(msg.get("address", ""))
                         self.head_known.set()
@@ -237,6 +241,17 @@ class Supervisor:
             files = []
         for message in chunks(str(msg.get("req", "")), files):
             self.emit(message)
+
+    def _switch_dashboard(self, msg: dict[str, Any]) -> None:
+        """Answer the driver's ``dashboard`` request: Ray's dashboard on this
+        head with every module, or (``stop``) back to what it ran before."""
+        reply: dict[str, Any] = {"type": "dashboard", "req": str(msg.get("req", ""))[:32]}
+        with self._dashboard_lock:  # one switch at a time: two would each replace the other's
+            try:
+                reply["url"] = dashboard.switch(full=not msg.get("stop"), temp_dir=str(self.cfg.get("temp_dir") or ""))
+            except (RuntimeError, OSError, psutil.Error) as exc:
+                reply["error"] = str(exc)[:500]
+        self.emit(reply)
 
     def _reconnect(self, broke: str) -> LineReader | None:
         """Resume the link within the grace window; None when it cannot be."""
