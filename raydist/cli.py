@@ -22,7 +22,7 @@ from typing import Any
 import psutil
 from rich.console import Console
 
-from raydist import __version__, cli_jobs
+from raydist import __version__, cli_dashboard, cli_jobs
 from raydist.cli_view import as_dict, clusters_table, nodes_table
 from raydist.errors import ControlPlaneUnavailableError, HomeInUseError, RaydistError
 
@@ -129,6 +129,7 @@ def _parser() -> argparse.ArgumentParser:
                          "the Ray Client (ray://) address")
     common(en)
     cli_jobs.add_parsers(sub, common)
+    cli_dashboard.add_parsers(sub, common)
     sub.add_parser("version", help="print the version")
     return p
 
@@ -518,8 +519,9 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"serve": cmd_serve, "up": cmd_up, "down": cmd_down, "status": cmd_status, "list": cmd_status,
                 "logs": cmd_logs, "env": cmd_env, "scale": cmd_scale}
     try:
-        if args.command in cli_jobs.HANDLERS:
-            return cli_jobs.HANDLERS[args.command](args, _client(args), out, err)
+        for verbs in (cli_jobs.HANDLERS, cli_dashboard.HANDLERS):
+            if args.command in verbs:
+                return verbs[args.command](args, _client(args), out, err)
         return handlers[args.command](args)
     except RaydistError as exc:
         from raydist.errors import SpecError

@@ -46,9 +46,9 @@ class Jobs:
     def __init__(self, cluster: str, dashboard_url: str, ray_token: str) -> None:
         if not dashboard_url:
             raise ClusterNotReadyError(
-                f"cluster {cluster!r} runs without the Ray dashboard, which serves Ray Jobs: "
-                f"create it with the dashboard on (raydist up {cluster}, without --no-dashboard; "
-                "raydist.up(..., dashboard=True) in Python)"
+                f"cluster {cluster!r} runs without the Ray dashboard, which serves Ray Jobs: start it "
+                f"(raydist dashboard {cluster}; cluster.dashboard() in Python), or create the cluster with it "
+                f"(raydist up {cluster}, without --no-dashboard; raydist.up(..., dashboard=True))"
             )
         self.cluster = cluster
         headers = {"Authorization": f"Bearer {ray_token}"} if ray_token else {}

@@ -105,10 +105,64 @@ def test_usage_errors_say_what_to_do(server: Server) -> None:
     stray = server.cli("status", "jobs", "--", "python", "x.py")
     assert stray.returncode == 2 and "only `raydist submit` takes a command" in stray.stderr
 
+
+
+def _get(url: str, token: str) -> dict[str, object]:
+    import urllib.request
+
+    request = urllib.request.Request(f"{url}/api/version", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return json.loads(answer.read())
+
+
+def test_a_cluster_without_the_dashboard_gets_one_on_demand(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`raydist dashboard NAME` on a cluster made with --no-dashboard: its URL
+    (and Ray Jobs from then on), a local port forwarded through the control
+    plane for a caller that cannot reach the head, `--stop`; the same from
+    Python (``cluster.dashboard()``)."""
+    import subprocess
+    import sys
+
+    import raydist
+
     up = server.cli("up", "plain", "-w", "0", "--no-dashboard")
+    forward = None
     try:
         assert up.returncode == 0, up.stderr
         refused = server.cli("submit", "plain", "--", "python", "-c", "pass")
-        assert refused.returncode == 1 and "without --no-dashboard" in refused.stderr, refused.stderr
+        assert refused.returncode == 1 and "raydist dashboard plain" in refused.stderr, refused.stderr
+
+        started = server.cli("dashboard", "plain", "-o", "json")
+        assert started.returncode == 0, started.stdout + started.stderr
+        url = json.loads(started.stdout)["url"]
+        token = server.client().credentials("plain").ray_token
+        assert _get(url, token)["ray_version"]  # served on the head, with every module
+        job = server.cli("submit", "plain", "--", "python", "-c", "print(6 * 7)")
+        assert job.returncode == 0 and "42" in job.stdout, job.stdout + job.stderr
+
+        # Through the control plane: what a caller that cannot reach the head gets.
+        forward = subprocess.Popen([sys.executable, "-m", "raydist.cli", "dashboard", "plain", "--forward"],
+                                   env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert forward.stdout is not None
+        said = forward.stdout.readline()
+        local = said.split()[3]
+        assert local.startswith("http://127.0.0.1:") and url in said, said
+        assert _get(local, token) == _get(url, token)
+        forward.send_signal(2)  # Ctrl-C ends the forward, not the dashboard
+        assert forward.wait(timeout=30) == 0, forward.stderr.read() if forward.stderr else ""
+        assert _get(url, token)["ray_version"]
+
+        monkeypatch.setenv("RAYDIST_TOKEN", server.token)
+        cluster = raydist.attach("plain", address=server.address)
+        forwarded = cluster.dashboard(forward=True)
+        assert forwarded != url and _get(forwarded, token)["ray_version"]
+        assert cluster.dashboard(stop=True) == ""
+        assert server.cli("submit", "plain", "--", "python", "-c", "pass").returncode == 1
+        events = server.cli("logs", "plain").stdout
+        assert "dashboard started at" in events and "dashboard stopped on demand" in events
+        for out in (started.stdout, said, events):
+            assert token not in out
     finally:
+        if forward is not None and forward.poll() is None:
+            forward.kill()
         server.cli("down", "plain")

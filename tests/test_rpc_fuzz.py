@@ -256,6 +256,26 @@ def test_node_logs(server: Server, stub: Any) -> None:
     assert count >= EXAMPLES
 
 
+def test_set_dashboard(server: Server, stub: Any) -> None:
+    from raydist._proto import pb
+
+    count = 0
+
+    @_SETTINGS
+    @given(request=messages(pb.SetDashboardRequest))
+    def check(request: Any) -> None:
+        nonlocal count
+        count += 1
+        code, details, _ = _call(server, stub.SetDashboard, request)
+        if not name_ok(request.name):
+            expect_invalid(code, details, {"name"})
+        else:  # no cluster exists here
+            assert code == grpc.StatusCode.NOT_FOUND and request.name in details, (code, details)
+
+    check()
+    assert count >= EXAMPLES
+
+
 def test_list_and_server_info(server: Server, stub: Any, known: list[Any]) -> None:
     from raydist._proto import pb
 

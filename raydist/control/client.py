@@ -209,6 +209,24 @@ class Client:
                                               run=run, grep=grep)
         return self._call("GetNodeLogs", request, timeout, None)
 
+    def set_dashboard(self, name: str, *, stop: bool = False, timeout: float | None = None) -> Any:
+        """Start Ray's dashboard on cluster ``name`` when it has none (or,
+        ``stop``, stop one started so); ``Dashboard`` with its URL once it
+        serves (the first start takes seconds)."""
+        request = self._pb.SetDashboardRequest(name=name, stop=stop)
+        return self._call("SetDashboard", request, timeout or max(self.timeout, 120.0), None)
+
+    def forward_dashboard(self, sent: Iterator[Any]) -> Iterator[Any]:
+        """One TCP connection to a cluster's dashboard through the server:
+        ``sent`` yields ``DashboardBytes`` (the first names the cluster), the
+        answer's messages carry what the dashboard says. No deadline: it
+        lasts as long as the connection."""
+        try:
+            yield from self._stub.ForwardDashboard(sent, metadata=self._metadata())
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                raise self._error(exc) from None
+
     def server_info(self, *, timeout: float | None = None) -> Any:
         return self._call("GetServerInfo", self._pb.GetServerInfoRequest(), timeout, None)
 

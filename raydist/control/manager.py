@@ -197,6 +197,19 @@ class ClusterManager:
     def credentials(self, name: str, who: str) -> Any:
         """How to reach cluster ``name`` (its Ray token included); records
         that ``who`` asked, as an event, never the token."""
+        engine = self._running(name, "credentials")
+        if not engine.address:  # a head that is not up yet
+            raise ClusterNotReadyError(f"cluster {name!r} has no address yet: wait for it (`raydist status {name}`)")
+        self._store.add_event(name, engine.state.value, f"credentials given to {who or 'a caller'}")
+        self._on_change(name)
+        return self._pb.ClusterCredentials(
+            name=name, address=engine.address, client_address=engine.client_address,
+            dashboard_url=engine.dashboard_url, ray_token=engine.token.reveal())
+
+    def _running(self, name: str, what: str) -> RayCluster:
+        """Cluster ``name``'s engine while RUNNING or DEGRADED; else
+        ClusterNotFoundError, or ClusterNotReadyError naming ``what`` it has
+        only then."""
         check_name(name, full=True)
         with self._lock:
             row = self._store.get(name)
@@ -204,15 +217,26 @@ class ClusterManager:
                 raise ClusterNotFoundError(name)
             engine = self._engines.get(name)
             state = State(row.state)
-        if engine is None or state not in (State.RUNNING, State.DEGRADED) or not engine.address:
-            raise ClusterNotReadyError(
-                f"cluster {name!r} is {state.value}: it has credentials only while RUNNING or DEGRADED; "
-                f"wait for it (`raydist status {name}`) or create it again")
-        self._store.add_event(name, state.value, f"credentials given to {who or 'a caller'}")
-        self._on_change(name)
-        return self._pb.ClusterCredentials(
-            name=name, address=engine.address, client_address=engine.client_address,
-            dashboard_url=engine.dashboard_url, ray_token=engine.token.reveal())
+        if engine is None or state not in (State.RUNNING, State.DEGRADED):
+            raise ClusterNotReadyError(f"cluster {name!r} is {state.value}: it has {what} only while RUNNING or "
+                                       f"DEGRADED; wait for it (`raydist status {name}`) or create it again")
+        return engine
+
+    def dashboard(self, name: str, stop: bool) -> Any:
+        """SetDashboard: Ray's dashboard on ``name``'s head, started now when
+        it has none (blocks while it starts: run it off the event loop)."""
+        url = self._running(name, "a dashboard").dashboard(stop=stop)
+        return self._pb.Dashboard(name=name, url=url)
+
+    def dashboard_address(self, name: str) -> tuple[str, int]:
+        """Where ``name``'s dashboard listens (for ForwardDashboard);
+        ClusterNotReadyError when it runs none."""
+        url = self._running(name, "a dashboard").dashboard_url
+        if not url:
+            raise ClusterNotReadyError(f"cluster {name!r} runs no Ray dashboard now: start it first "
+                                       f"(raydist dashboard NAME)")
+        host, _, port = url.removeprefix("http://").rpartition(":")
+        return host, int(port)
 
     def node_logs(self, request: Any) -> Any:
         """GetNodeLogs: one node's log files, read now by its supervisor

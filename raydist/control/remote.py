@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from raydist.control.client import Client
+from raydist.control.forward import DashboardForward, reachable
 from raydist.engine.auth import RayToken
 from raydist.engine.connection import process_ray
 from raydist.errors import ClusterFailedError
@@ -29,6 +30,7 @@ class RemoteCluster:
         self.address = ""
         self.client_address = ""
         self.dashboard_url = ""
+        self._forward: DashboardForward | None = None
 
     @property
     def name(self) -> str:
@@ -77,6 +79,23 @@ class RemoteCluster:
         got = self._client.node_logs(self.name, node, run=run, grep=grep)
         return [(f.name, f.data) for f in got.files]
 
+    def dashboard(self, *, stop: bool = False, forward: bool | None = None) -> str:
+        """Ray's dashboard for this cluster, started now when it has none
+        (as ``RayCluster.dashboard``): its URL. When the head cannot be
+        reached from here (or ``forward=True``), the URL is a local port this
+        process forwards to it through the control plane, until ``down()``
+        or ``dashboard(stop=True)``."""
+        found = self._client.set_dashboard(self.name, stop=stop)
+        self.dashboard_url = found.url
+        if stop and self._forward is not None:
+            self._forward.close()
+            self._forward = None
+        if stop or not (forward if forward is not None else not reachable(found.url)):
+            return found.url
+        if self._forward is None:
+            self._forward = DashboardForward(self._client, self.name)
+        return self._forward.url
+
     def jobs(self) -> Jobs:
         """This cluster's Ray jobs (it needs ``dashboard=True``); the control
         plane records the credentials it hands out for them."""
@@ -117,6 +136,9 @@ class RemoteCluster:
                 if exc.code != "NOT_FOUND":
                     raise
         process_ray().cluster_gone(self, self.address)
+        if self._forward is not None:
+            self._forward.close()
+            self._forward = None
         self._client.delete(self.name, allow_missing=True)
 
     def __enter__(self) -> RemoteCluster:

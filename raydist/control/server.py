@@ -30,6 +30,7 @@ from grpc_reflection.v1alpha import reflection
 
 from raydist import __version__
 from raydist._proto import pb, rpc
+from raydist.control import forward
 from raydist.control.auth import AuthInterceptor
 from raydist.control.config import ServerConfig
 from raydist.control.manager import ClusterManager
@@ -262,6 +263,47 @@ class ClusterService(rpc.ClusterServiceServicer):
             return found
 
         return await self._call("GetNodeLogs", context, logs, slow=True, cluster=request.name)
+
+    async def SetDashboard(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        caller = current_caller()
+
+        def dashboard() -> Any:
+            found = self.m.dashboard(caller.scoped(request.name), request.stop)
+            found.name = caller.shown(found.name)
+            return found
+
+        return await self._call("SetDashboard", context, dashboard, slow=True, cluster=request.name)
+
+    async def ForwardDashboard(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        """A stream held open as long as a browser's connection: counted
+        against the caller's Watch streams (``max_watches``)."""
+        caller = current_caller()
+        first = pb.DashboardBytes()
+        try:
+            quota = caller.quota
+            if quota is not None and self._watching.get(caller.name, 0) >= quota.max_watches:
+                raise QuotaExceededError(caller.name, "max_watches", quota.max_watches,
+                                         f"{quota.max_watches} of its streams are open")
+            first = await anext(aiter(request_iterator), first)  # a caller that sent nothing names no cluster
+            full = caller.scoped(first.name)
+            host, port = await self._off_loop(self.quick, lambda: self.m.dashboard_address(full))
+            reader, writer = await asyncio.open_connection(host, port)
+        except RaydistError as exc:
+            self.metrics.count("ForwardDashboard", code_for(exc).name)
+            await context.abort(code_for(exc), self._said(exc, first.name))
+            return
+        except OSError as exc:
+            self.metrics.count("ForwardDashboard", "UNAVAILABLE")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"cluster {first.name!r}: its dashboard did not "
+                                                             f"answer the control plane ({exc.strerror or exc})")
+            return
+        self.metrics.count("ForwardDashboard", "OK")
+        self._watching[caller.name] = self._watching.get(caller.name, 0) + 1
+        try:
+            async for data in forward.carry(first.data, request_iterator, reader, writer):
+                yield pb.DashboardBytes(data=data)
+        finally:
+            self._watching[caller.name] -= 1
 
     async def GetServerInfo(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         caller = current_caller()

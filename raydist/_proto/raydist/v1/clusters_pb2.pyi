@@ -287,6 +287,30 @@ class ClusterCredentials(_message.Message):
     ray_token: str
     def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., client_address: _Optional[str] = ..., dashboard_url: _Optional[str] = ..., ray_token: _Optional[str] = ...) -> None: ...
 
+class SetDashboardRequest(_message.Message):
+    __slots__ = ("name", "stop")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    stop: bool
+    def __init__(self, name: _Optional[str] = ..., stop: _Optional[bool] = ...) -> None: ...
+
+class Dashboard(_message.Message):
+    __slots__ = ("name", "url")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    url: str
+    def __init__(self, name: _Optional[str] = ..., url: _Optional[str] = ...) -> None: ...
+
+class DashboardBytes(_message.Message):
+    __slots__ = ("name", "data")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    data: bytes
+    def __init__(self, name: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class GetServerInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

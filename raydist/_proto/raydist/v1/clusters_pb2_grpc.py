@@ -80,6 +80,16 @@ class ClusterServiceStub:
                 request_serializer=raydist_dot_v1_dot_clusters__pb2.GetNodeLogsRequest.SerializeToString,
                 response_deserializer=raydist_dot_v1_dot_clusters__pb2.NodeLogs.FromString,
                 _registered_method=True)
+        self.SetDashboard = channel.unary_unary(
+                '/raydist.v1.ClusterService/SetDashboard',
+                request_serializer=raydist_dot_v1_dot_clusters__pb2.SetDashboardRequest.SerializeToString,
+                response_deserializer=raydist_dot_v1_dot_clusters__pb2.Dashboard.FromString,
+                _registered_method=True)
+        self.ForwardDashboard = channel.stream_stream(
+                '/raydist.v1.ClusterService/ForwardDashboard',
+                request_serializer=raydist_dot_v1_dot_clusters__pb2.DashboardBytes.SerializeToString,
+                response_deserializer=raydist_dot_v1_dot_clusters__pb2.DashboardBytes.FromString,
+                _registered_method=True)
 
 
 class ClusterServiceServicer:
@@ -145,6 +155,22 @@ class ClusterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetDashboard(self, request, context):
+        """Start Ray's dashboard on a running cluster that has none (or stop one
+        started so); answers once it serves, with its URL.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForwardDashboard(self, request_iterator, context):
+        """One TCP connection to the cluster's dashboard, carried through the
+        control plane (`raydist dashboard NAME` forwards a local port with it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -192,6 +218,16 @@ def add_ClusterServiceServicer_to_server(servicer, server):
                     servicer.GetNodeLogs,
                     request_deserializer=raydist_dot_v1_dot_clusters__pb2.GetNodeLogsRequest.FromString,
                     response_serializer=raydist_dot_v1_dot_clusters__pb2.NodeLogs.SerializeToString,
+            ),
+            'SetDashboard': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetDashboard,
+                    request_deserializer=raydist_dot_v1_dot_clusters__pb2.SetDashboardRequest.FromString,
+                    response_serializer=raydist_dot_v1_dot_clusters__pb2.Dashboard.SerializeToString,
+            ),
+            'ForwardDashboard': grpc.stream_stream_rpc_method_handler(
+                    servicer.ForwardDashboard,
+                    request_deserializer=raydist_dot_v1_dot_clusters__pb2.DashboardBytes.FromString,
+                    response_serializer=raydist_dot_v1_dot_clusters__pb2.DashboardBytes.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -437,6 +473,60 @@ class ClusterService:
             '/raydist.v1.ClusterService/GetNodeLogs',
             raydist_dot_v1_dot_clusters__pb2.GetNodeLogsRequest.SerializeToString,
             raydist_dot_v1_dot_clusters__pb2.NodeLogs.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetDashboard(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raydist.v1.ClusterService/SetDashboard',
+            raydist_dot_v1_dot_clusters__pb2.SetDashboardRequest.SerializeToString,
+            raydist_dot_v1_dot_clusters__pb2.Dashboard.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForwardDashboard(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/raydist.v1.ClusterService/ForwardDashboard',
+            raydist_dot_v1_dot_clusters__pb2.DashboardBytes.SerializeToString,
+            raydist_dot_v1_dot_clusters__pb2.DashboardBytes.FromString,
             options,
             channel_credentials,
             insecure,
