@@ -83,7 +83,9 @@ def cmd_submit(args: argparse.Namespace, client: Any, out: Console, err: Console
         return 0
     err.print(f"[bold]{job_id}[/bold] submitted to {args.name}; its output follows (Ctrl-C to leave or stop it)")
     try:
-        info = jobs.follow(job_id, lambda chunk: (sys.stdout.write(chunk), sys.stdout.flush()))
+        info = jobs.follow(job_id, lambda chunk: (sys.stdout.write(chunk), sys.stdout.flush()),
+                           on_state=lambda state, after: err.print(
+                               f"[dim]job {job_id}: {state}" + (f" after {after:.1f} s" if after else "") + "[/dim]"))
     except KeyboardInterrupt:
         stop = False
         if sys.stdin.isatty():

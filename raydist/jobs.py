@@ -96,16 +96,46 @@ class Jobs:
         self.info(job_id)
         return str(self._client.get_job_logs(job_id))
 
-    def follow(self, job_id: str, write: Callable[[str], None]) -> JobInfo:
+    def follow(self, job_id: str, write: Callable[[str], None],
+               on_state: Callable[[str, float], None] | None = None) -> JobInfo:
         """Pass the job's output to ``write`` as it comes, until the job
-        ends; returns how it ended."""
-        self.info(job_id)
+        ends; returns how it ended. ``on_state`` hears the job's state while
+        it runs, first as it is now and then each change with the seconds
+        since (a job waiting for resources or its runtime environment prints
+        nothing for a while)."""
+        import threading
+        import time
+
+        first = self.info(job_id)
+        ended = threading.Event()
+
+        def watch() -> None:
+            assert on_state is not None
+            start, said = time.monotonic(), first.status
+            on_state(said, 0.0)
+            while not ended.wait(1.0):
+                try:
+                    now = self.info(job_id).status
+                except Exception:  # noqa: BLE001 - a missed reading; the output goes on
+                    continue
+                if now != said and now not in TERMINAL:
+                    on_state(now, time.monotonic() - start)
+                said = now
+                if now in TERMINAL:
+                    return
+
+        watcher = threading.Thread(target=watch, daemon=True) if on_state is not None else None
+        if watcher is not None:
+            watcher.start()
 
         async def tail() -> None:
             async for chunk in self._client.tail_job_logs(job_id):
                 write(chunk)
 
-        asyncio.run(tail())
+        try:
+            asyncio.run(tail())
+        finally:
+            ended.set()
         return self.wait(job_id, timeout=30)
 
     def wait(self, job_id: str, timeout: float) -> JobInfo:

@@ -55,6 +55,9 @@ def test_submit_streams_output_and_exits_with_the_jobs_outcome(server: Server, w
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "sum of squares 285 args ['--flag', 'x y']" in ok.stdout  # the job's argv, word for word
     assert "SUCCEEDED" in ok.stderr
+    job_id = ok.stderr.split(" submitted to jobs")[0].split()[-1]
+    states = [line.split(": ")[1].split()[0] for line in ok.stderr.splitlines() if line.startswith(f"job {job_id}: ")]
+    assert states[0] in ("PENDING", "RUNNING") and states[-1] == "SUCCEEDED", ok.stderr  # its state while it waits
 
     failed = server.cli("submit", "jobs", "--working-dir", str(workdir), "--", "python", "job.py", "3")
     assert failed.returncode == 1 and "FAILED" in failed.stderr, failed.stdout + failed.stderr
