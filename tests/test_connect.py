@@ -315,3 +315,14 @@ def test_horovods_torch_estimator_runs_from_a_connect_client(connect_server, no_
     out = run_program("horovod_estimator_user.py", "--connect", connect_server.url, str(tmp_path / "store"),
                       home=tmp_path / "home")
     check_estimator_program(out)
+
+
+@pytest.mark.timeout(900)
+def test_horovods_keras_estimator_runs_from_a_connect_client(connect_server, no_leftover_ray, tmp_path) -> None:
+    """test_horovod.py's Keras estimator program as a Connect client: about
+    2 min here, most of it TensorFlow's import in each process."""
+    from tests.test_horovod import check_keras_estimator_program
+
+    out = run_program("horovod_keras_user.py", "--connect", connect_server.url, str(tmp_path / "store"),
+                      home=tmp_path / "home")
+    check_keras_estimator_program(out)

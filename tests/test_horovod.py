@@ -95,6 +95,38 @@ def check_estimator_program(out: dict) -> None:
     assert out["optimizer_lr"] == 0.05
 
 
+def check_keras_estimator_program(out: dict) -> None:
+    """What a user of Horovod's keras_spark_mnist.py looks at, and then some."""
+    assert out["keras"] == "keras"  # built with Keras 3 on the driver, trained and handed back as Keras 3
+    assert out["accuracy"] > 0.75, out["accuracy"]  # three classes a random guess gets a third of
+    assert out["columns"] == ["features", "label", "label_vec", "label_prob", "label_pred"]
+    assert out["prob_type"] == "VectorUDT"  # a vector label's prediction is a DenseVector, as Horovod's
+    assert out["default_columns"] == ["label_vec__output"]
+    assert out["same_after_load"] is True
+    # Keras's history, each metric per epoch averaged over the ranks; the losses fall.
+    history = out["history"]
+    assert set(history) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    assert all(len(v) == 4 for v in history.values())
+    assert history["loss"] == sorted(history["loss"], reverse=True) and history["val_loss"][-1] < history["val_loss"][0]
+    # The run's checkpoint and logs are in the Store; a second fit under that
+    # run_id starts from it (a fresh model's first epoch would start near 1.1).
+    assert out["checkpoint"] == ["checkpoint.pkl"] and out["logs"] == ["history.jsonl"]
+    assert out["resumed_history"]["loss"][0] < history["loss"][-1] + 0.1
+    # The learning rate handed back is the user's (scaled by the ranks while training, and back).
+    assert abs(out["optimizer_lr"] - 0.02) < 1e-6
+
+
+@pytest.mark.timeout(900)
+def test_horovods_keras_estimator_example_runs_with_only_the_alias_line(tmp_path, no_leftover_ray) -> None:
+    """Horovod's Keras estimator example in its shape, a Keras 3 model built
+    on the driver: two fits, a transform and a session cluster start, about
+    140 s here, most of it TensorFlow's import in each process (the same
+    program on Connect is in test_connect.py)."""
+    out = run_program("horovod_keras_user.py", "--master", "local-cluster[2,1,1024]", str(tmp_path / "store"),
+                      home=tmp_path / "home")
+    check_keras_estimator_program(out)
+
+
 @pytest.mark.timeout(900)
 def test_horovods_torch_estimator_example_runs_with_only_the_alias_line(tmp_path, no_leftover_ray) -> None:
     """Horovod's Spark estimator example in its shape: three fits' worth of

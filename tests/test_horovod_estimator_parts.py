@@ -104,3 +104,29 @@ def test_a_model_saves_and_loads_without_its_store(tmp_path) -> None:
     model.write().overwrite().save(str(tmp_path / "m"))
     with pytest.raises(TrainingConfigError, match="TorchModel"):
         TorchEstimator.load(str(tmp_path / "m"))
+
+
+def test_a_keras_fit_refuses_what_cannot_mean_the_same_here_naming_it() -> None:
+    """Checked before any Spark job or TensorFlow import: each refusal names
+    the parameter and what to do."""
+    from raydist.compat.horovod.spark.keras import KerasEstimator
+
+    class Keras2Model:  # what _check reads of a tf_keras model: its module
+        __module__ = "tf_keras.src.engine.sequential"
+
+    base = {"model": object(), "optimizer": "adam", "loss": "mse", "feature_cols": ["f"], "label_cols": ["y"]}
+    with pytest.raises(TrainingConfigError, match="loss"):
+        KerasEstimator(**{**base, "loss": None})._check()
+    for name, value, says in (("gradient_compression", "fp16", "uncompressed"),
+                              ("checkpoint_callback", object(), "checkpoint.pkl"),
+                              ("train_minibatch_fn", len, "model.fit"),
+                              ("epochs", 0, "at least 1"),
+                              ("label_shapes", [[-1, 1], [-1, 2]], "one shape per label")):
+        with pytest.raises(TrainingConfigError, match=says) as caught:
+            KerasEstimator(**{**base, name: value})._check()
+        assert caught.value.field == name
+    with pytest.raises(TrainingConfigError, match="Keras 2"):
+        KerasEstimator(**{**base, "model": Keras2Model(), "backward_passes_per_step": 2})._check()
+    with pytest.raises(TrainingConfigError, match="not a parameter of KerasEstimator"):
+        KerasEstimator(input_shapes=[[-1, 4]])  # TorchEstimator's, not Horovod's KerasEstimator's
+    KerasEstimator(**{**base, "backward_passes_per_step": 2})._check()  # a Keras 3 model accumulates them

@@ -266,9 +266,10 @@ class TorchModel(HorovodParams, _Model):  # type: ignore[misc,valid-type]
             self.setOutputCols([f"{c}__output" for c in self.getLabelColumns()])
 
     def _transform(self, df: Any) -> Any:
-        from raydist.compat.horovod.spark.torch._predict import add_predictions
+        from raydist.compat.horovod.spark.common._predict import add_predictions
+        from raydist.compat.horovod.spark.torch._remote import predict_rows
 
-        return add_predictions(df, model=self.getModel(), feature_cols=list(self.getFeatureColumns()),
+        return add_predictions(df, model=self.getModel(), run=predict_rows, feature_cols=list(self.getFeatureColumns()),
                                input_shapes=self.getInputShapes(), label_cols=list(self.getLabelColumns()),
                                output_cols=list(self.getOutputCols()),
                                label_types=(self.getMetadata() or {}).get("types", {}))

@@ -24,7 +24,7 @@ from typing import Any
 
 from raydist.compat.horovod.spark.common._data import VALIDATION_COLUMN
 
-__all__ = ["RankSpec", "train_rank", "column_tensor", "feature_tensors"]
+__all__ = ["RankSpec", "train_rank", "column_tensor", "feature_tensors", "predict_rows"]
 
 
 @dataclass
@@ -83,6 +83,19 @@ def feature_tensors(columns: list[Any], shapes: list[Any]) -> list[Any]:
     """The model's inputs: each feature column as a tensor, in its input shape (None: as it stacks)."""
     return [column_tensor(values) if shape is None else column_tensor(values).reshape(shape)
             for values, shape in zip(columns, shapes, strict=True)]
+
+
+def predict_rows(model: Any, columns: Any, shapes: Any) -> list[Any]:
+    """The model's outputs for these rows (pandas Series of features), as
+    2-D numpy arrays: what ``TorchModel.transform`` adds."""
+    import torch
+
+    model.eval()
+    inputs = feature_tensors(list(columns), list(shapes))
+    with torch.no_grad():
+        outputs = model(*inputs)
+    outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    return [o.detach().cpu().numpy().reshape(len(columns[0]), -1) for o in outputs]
 
 
 def _default_minibatch(model: Any, optimizer: Any, transform_outputs: Callable[..., Any],

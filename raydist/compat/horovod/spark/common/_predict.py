@@ -1,39 +1,32 @@
-"""A trained model's predictions as new columns, as Horovod's ``TorchModel.transform`` adds them.
+"""A trained model's predictions as new columns, as Horovod's ``TorchModel``
+and ``KerasModel`` add them in ``transform``.
 
 Each output column holds what the model gives for its label: a number typed
 as the label's column (rounded for whole-number labels), or a Spark ML
 ``DenseVector`` where the model gives several values per row (class scores
 for a scalar label, say) or the label is a vector. The model runs in a
 pandas UDF on the executors (classic and Connect alike), rebuilt once per
-batch of rows from its bytes.
+batch of rows from its bytes; ``run`` (a module-level function, pickled by
+name) turns the model and the rows' feature columns into its outputs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from raydist.compat.horovod.spark.common import _data
-from raydist.compat.horovod.spark.torch._remote import feature_tensors
 
 __all__ = ["add_predictions"]
 
 _INTEGRAL = {"tinyint", "smallint", "int", "bigint"}
 
-
-def _run(model: Any, columns: Sequence[Any], shapes: Sequence[Any]) -> list[Any]:
-    """The model's outputs for these rows (pandas Series of features), as numpy arrays."""
-    import torch
-
-    inputs = feature_tensors(list(columns), list(shapes))
-    with torch.no_grad():
-        outputs = model(*inputs)
-    outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
-    return [o.detach().cpu().numpy().reshape(len(columns[0]), -1) for o in outputs]
+#: (model, feature columns as pandas Series, input shapes) -> one 2-D numpy array per output.
+Runner = Callable[[Any, Sequence[Any], Sequence[Any]], list[Any]]
 
 
-def add_predictions(df: Any, *, model: Any, feature_cols: list[str], input_shapes: Any, label_cols: list[str],
-                    output_cols: list[str], label_types: dict[str, str]) -> Any:
+def add_predictions(df: Any, *, model: Any, run: Runner, feature_cols: list[str], input_shapes: Any,
+                    label_cols: list[str], output_cols: list[str], label_types: dict[str, str]) -> Any:
     """``df`` with one prediction column per label, named by ``output_cols``."""
     import pandas as pd
     from pyspark import cloudpickle
@@ -46,16 +39,14 @@ def add_predictions(df: Any, *, model: Any, feature_cols: list[str], input_shape
     features = _data.as_arrays(kinds)
     # Which outputs are vectors: the model's answer for one row says (Horovod asks it the same way).
     probe = df.select(*[f.alias(f"f{i}") for i, f in enumerate(features)]).limit(1).toPandas()
-    widths = [o.shape[1] for o in _run(model, [probe[f"f{i}"] for i in range(len(features))], shapes)] \
+    widths = [o.shape[1] for o in run(model, [probe[f"f{i}"] for i in range(len(features))], shapes)] \
         if len(probe) else [1] * len(label_cols)
     as_vector = [w > 1 or label_types.get(label) == "vector" for w, label in zip(widths, label_cols, strict=False)]
     fields = ", ".join(f"o{i} array<double>" if vec else f"o{i} double" for i, vec in enumerate(as_vector))
     blob = cloudpickle.dumps(model)
 
     def predict(*columns):  # type: ignore[no-untyped-def]
-        net = cloudpickle.loads(blob)
-        net.eval()
-        outs = _run(net, columns, shapes)
+        outs = run(cloudpickle.loads(blob), columns, shapes)
         return pd.DataFrame({f"o{i}": list(o) if vec else o[:, 0]
                              for i, (o, vec) in enumerate(zip(outs, as_vector, strict=False))})
 
