@@ -6,17 +6,12 @@ clusters started here are remembered by name so ``down(name)`` finds them.
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
 import secrets
-import threading
-from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from raydist.errors import ClusterExistsError, ClusterNotFoundError
-from raydist.paths import logs_dir, verbose
+from raydist.engine.registry import registry
 from raydist.spec import ClusterSpec
 
 if TYPE_CHECKING:
@@ -29,98 +24,6 @@ __all__ = ["up", "down", "attach", "clusters", "spark_log"]
 
 log = logging.getLogger(__name__)
 
-
-class _Closeable(Protocol):
-    def close(self) -> None: ...
-
-
-_S = TypeVar("_S", bound=_Closeable)
-
-
-class _Registry:
-    """What this process started through raydist, torn down at exit: clusters
-    by name, the embedded SparkSession, and long-lived services (the training
-    session) that higher layers keep here by key. The exit hook is
-    registered with the first thing kept, not at import."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._clusters: dict[str, RayCluster] = {}
-        self._services: dict[str, _Closeable] = {}
-        self._owned_spark: SparkSession | None = None
-        #: Where the embedded SparkSession's driver JVM writes its console output.
-        self.spark_log: Path | None = None
-        self._hooked = False
-
-    def _hook_exit(self) -> None:
-        """Called with the lock held."""
-        if not self._hooked:
-            atexit.register(self.shutdown)
-            self._hooked = True
-
-    def service(self, key: str, factory: Callable[[], _S]) -> _S:
-        """The service kept under ``key``, made by ``factory`` on first use;
-        closed at :meth:`shutdown` (before the clusters and Spark)."""
-        with self._lock:
-            if key not in self._services:
-                self._hook_exit()
-                self._services[key] = factory()
-            return self._services[key]  # type: ignore[return-value]
-
-    def add(self, cluster: RayCluster) -> None:
-        with self._lock:
-            self._hook_exit()
-            old = self._clusters.get(cluster.name)
-            if old is not None and not old.state.terminal:
-                raise ClusterExistsError(cluster.name)
-            self._clusters[cluster.name] = cluster
-
-    def remove(self, name: str, cluster: RayCluster) -> None:
-        with self._lock:
-            if self._clusters.get(name) is cluster:
-                del self._clusters[name]
-
-    def get(self, name: str) -> RayCluster:
-        with self._lock:
-            if name not in self._clusters:
-                raise ClusterNotFoundError(name)
-            return self._clusters[name]
-
-    def all(self) -> list[RayCluster]:
-        with self._lock:
-            return list(self._clusters.values())
-
-    def embedded_spark(self, master: str | None, conf: Mapping[str, str]) -> SparkSession:
-        from raydist.engine.spark import embedded_session, is_stopped
-
-        with self._lock:
-            if self._owned_spark is None or is_stopped(self._owned_spark):
-                self._hook_exit()
-                if not verbose():
-                    self.spark_log = logs_dir() / f"spark-driver-{os.getpid()}.log"
-                self._owned_spark = embedded_session(master, conf, log_path=self.spark_log)
-            return self._owned_spark
-
-    def shutdown(self) -> None:
-        with self._lock:
-            services, self._services = list(self._services.values()), {}
-        for service in reversed(services):
-            try:
-                service.close()
-            except Exception:  # noqa: BLE001 - at exit, tear down as much as possible
-                log.exception("closing %r at exit", service)
-        for cluster in self.all():
-            try:
-                cluster.down()
-            except Exception:  # noqa: BLE001 - at exit, tear down as much as possible
-                log.exception("tearing down %s at exit", cluster.name)
-        with self._lock:
-            spark, self._owned_spark = self._owned_spark, None
-        if spark is not None:
-            spark.stop()
-
-
-_registry = _Registry()
 
 
 def up(
@@ -198,13 +101,13 @@ def up(
         from raydist.control.remote import RemoteCluster
 
         return RemoteCluster(Client(address), spec).start(timeout=spec.start_timeout_s + 60)
-    session = spark if spark is not None else _registry.embedded_spark(spark_master, spec.spark_conf)
+    session = spark if spark is not None else registry.embedded_spark(spark_master, spec.spark_conf)
     cluster = RayCluster(spec, session)
-    _registry.add(cluster)
+    registry.add(cluster)
     try:
         cluster.start()
     except BaseException:
-        _registry.remove(spec.name, cluster)
+        registry.remove(spec.name, cluster)
         raise
     cluster.export_env()
     return cluster
@@ -212,9 +115,9 @@ def up(
 
 def down(name: str) -> None:
     """Tear down the cluster of that name started by this process."""
-    cluster = _registry.get(name)
+    cluster = registry.get(name)
     cluster.down()
-    _registry.remove(name, cluster)
+    registry.remove(name, cluster)
 
 
 def attach(name: str, address: str | None = None) -> RemoteCluster:
@@ -235,9 +138,9 @@ def spark_log() -> Path | None:
     """The file the SparkSession raydist started writes its driver JVM's
     console output to (``RAYDIST_HOME/logs``), or None (none started, or
     ``RAYDIST_VERBOSE=1`` kept it on the terminal)."""
-    return _registry.spark_log
+    return registry.spark_log
 
 
 def clusters() -> list[RayCluster]:
     """Clusters this process started and has not torn down."""
-    return [c for c in _registry.all() if not c.state.terminal]
+    return [c for c in registry.all() if not c.state.terminal]

@@ -88,3 +88,33 @@ def test_compat_uses_only_the_training_runtimes_public_seam() -> None:
     reaching = {name: sorted(_imports(path, known) & private) for name, path in known.items()
                 if name.startswith("raydist.compat")}
     assert {name: found for name, found in reaching.items() if found} == {}
+
+
+#: docs/architecture.md's layers, lowest first: a module imports only its own
+#: layer's and lower ones (the package root runs first for any import: not a layer).
+LAYERS = (
+    ("raydist._proto",),
+    ("raydist.errors", "raydist.paths", "raydist.spec"),
+    ("raydist.engine", "raydist.jobs"),
+    ("raydist.data", "raydist.train"),
+    ("raydist.compat", "raydist.control"),
+    ("raydist.api",),
+    ("raydist.cli", "raydist.cli_jobs", "raydist.cli_view", "raydist.cli_dashboard", "raydist.testing"),
+)
+
+
+def _layer(module: str) -> int:
+    for rank, tops in enumerate(LAYERS):
+        if any(module == top or module.startswith(top + ".") for top in tops):
+            return rank
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS (and to docs/architecture.md)")
+
+
+def test_imports_run_downward_only() -> None:
+    """A training run used to reach the Python API's private registry
+    (train/session.py -> raydist.api), and with it the control plane the API
+    imports: the circle check could not see a layer crossed downward-upward."""
+    known = _modules()
+    upward = sorted(f"{name} -> {target}" for name, path in known.items() if name != "raydist"
+                    for target in _imports(path, known) - {"raydist"} if _layer(target) > _layer(name))
+    assert upward == []

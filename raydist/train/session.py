@@ -199,9 +199,9 @@ class TrainingSession:
         if isinstance(cluster, RayCluster):
             return cluster
         if isinstance(cluster, str):
-            from raydist.api import _registry
+            from raydist.engine.registry import registry
 
-            return _registry.get(cluster)
+            return registry.get(cluster)
         if cluster is not None:
             raise TrainingConfigError("cluster", cluster, "give a raydist cluster handle, a cluster name, or nothing")
         return None
@@ -315,12 +315,12 @@ class TrainingSession:
         """Start a session cluster of ``shape`` (``_lifecycle`` held); returns
         once its head is up, so the run's Ray Train start overlaps the
         workers' (seconds of a first run on a small host)."""
-        import raydist.api as api
         from raydist.engine import spark as spark_side
         from raydist.engine.cluster import RayCluster
+        from raydist.engine.registry import registry
         from raydist.spec import ClusterSpec
 
-        spark = spark_side.active_session() or api._registry.embedded_spark(None, {})
+        spark = spark_side.active_session() or registry.embedded_spark(None, {})
         # A head in a Spark task of its own (Connect) holds a task slot: it
         # carries one worker's share, so the cluster takes the slots Spark's
         # own distributor would take, no more.
@@ -496,9 +496,9 @@ class TrainingSession:
 def training_session() -> TrainingSession:
     """This process's training session, kept by raydist's process registry
     (closed at exit)."""
-    from raydist.api import _registry
+    from raydist.engine.registry import registry
 
-    return _registry.service("training-session", TrainingSession)
+    return registry.service("training-session", TrainingSession)
 
 
 def run_shape(workers: int, resources_per_worker: Mapping[str, float], use_gpu: bool) -> Shape:
