@@ -22,7 +22,7 @@ echo "raydist: installing into .venv (a few minutes on a fresh machine)..." >&2
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@" 2> >(grep -v '^WARNING: Location' >&2); }
 pip install -U pip setuptools wheel
 pip install "torch==2.13.0"
-pip install -e ".[torch,tensorflow,ml,mlflow,dev]"
+pip install -e ".[torch,tensorflow,ml,mlflow,lightning,dev]"
 # DeepSpeed builds from source; DS_BUILD_OPS=0 keeps every op JIT-compiled (CPU here).
 DS_BUILD_OPS=0 pip install --no-build-isolation "deepspeed>=0.16"
 touch "$stamp"

@@ -318,6 +318,16 @@ def test_horovods_torch_estimator_runs_from_a_connect_client(connect_server, no_
 
 
 @pytest.mark.timeout(900)
+def test_horovods_lightning_estimator_runs_from_a_connect_client(connect_server, no_leftover_ray, tmp_path) -> None:
+    """test_horovod.py's Lightning estimator program as a Connect client: about 2 min here."""
+    from tests.test_horovod import check_lightning_estimator_program
+
+    out = run_program("horovod_lightning_user.py", "--connect", connect_server.url, str(tmp_path / "store"),
+                      home=tmp_path / "home")
+    check_lightning_estimator_program(out)
+
+
+@pytest.mark.timeout(900)
 def test_horovods_keras_estimator_runs_from_a_connect_client(connect_server, no_leftover_ray, tmp_path) -> None:
     """test_horovod.py's Keras estimator program as a Connect client: about
     2 min here, most of it TensorFlow's import in each process."""

@@ -116,6 +116,31 @@ def check_keras_estimator_program(out: dict) -> None:
     assert abs(out["optimizer_lr"] - 0.02) < 1e-6
 
 
+def check_lightning_estimator_program(out: dict) -> None:
+    """What a user of Horovod's pytorch_lightning_spark_mnist.py looks at, and then some."""
+    assert out["accuracy"] > 0.75, out["accuracy"]  # three classes a random guess gets a third of
+    assert out["columns"] == ["features", "label", "label_prob", "label_pred"]
+    assert out["default_columns"] == ["label__output"]
+    assert out["same_after_load"] is True
+    # Horovod's Lightning history: the metrics the module logged last (averaged over the ranks: sync_dist).
+    assert set(out["history"]) == {"train_loss", "val_loss"}
+    # Lightning's checkpoint under runs/<run_id>; the second fit resumed from it
+    # (epochs 5 and 6 on top of 4) and went on learning.
+    assert out["checkpoint"] == ["checkpoint.ckpt"]
+    assert out["resumed_history"]["val_loss"] < out["history"]["val_loss"]
+    assert out["resumed_accuracy"] > 0.75
+
+
+@pytest.mark.timeout(900)
+def test_horovods_lightning_estimator_example_runs_with_only_the_alias_line(tmp_path, no_leftover_ray) -> None:
+    """Horovod's Lightning estimator example in its shape: two fits of a
+    LightningModule, a transform and a session cluster start, about 2 min
+    here (the same program on Connect is in test_connect.py)."""
+    out = run_program("horovod_lightning_user.py", "--master", "local-cluster[2,1,1024]", str(tmp_path / "store"),
+                      home=tmp_path / "home")
+    check_lightning_estimator_program(out)
+
+
 @pytest.mark.timeout(900)
 def test_horovods_keras_estimator_example_runs_with_only_the_alias_line(tmp_path, no_leftover_ray) -> None:
     """Horovod's Keras estimator example in its shape, a Keras 3 model built

@@ -130,3 +130,31 @@ def test_a_keras_fit_refuses_what_cannot_mean_the_same_here_naming_it() -> None:
     with pytest.raises(TrainingConfigError, match="not a parameter of KerasEstimator"):
         KerasEstimator(input_shapes=[[-1, 4]])  # TorchEstimator's, not Horovod's KerasEstimator's
     KerasEstimator(**{**base, "backward_passes_per_step": 2})._check()  # a Keras 3 model accumulates them
+
+
+def test_a_lightning_fit_keeps_horovods_rules_for_a_lightning_module() -> None:
+    """Horovod's own refusals (optimizer, loss, loss_weights with a
+    LightningModule, with its messages), and what cannot mean the same here,
+    named; all before any Spark job."""
+    import torch
+    from pytorch_lightning import LightningModule
+
+    from raydist.compat.horovod.spark.lightning import TorchEstimator as LightningEstimator
+
+    class Net(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 3)
+
+    base = {"model": Net(), "feature_cols": ["f"], "label_cols": ["y"]}
+    LightningEstimator(**base)._check()
+    for name, value in (("optimizer", object()), ("loss", torch.nn.functional.nll_loss), ("loss_weights", [1.0])):
+        with pytest.raises(ValueError, match=f"Parameter `{name}` cannot be specified with a `LightningModule`"):
+            LightningEstimator(**{**base, name: value})._check()
+    for name, value, says in (("model", torch.nn.Linear(4, 3), "horovod.spark.torch.TorchEstimator"),
+                              ("data_module", object(), "rows come from the DataFrame"),
+                              ("terminate_on_nan", True, "EarlyStopping"),
+                              ("input_shapes", [[-1, 4], [-1, 2]], "one shape per feature column")):
+        with pytest.raises(TrainingConfigError, match=says) as caught:
+            LightningEstimator(**{**base, name: value})._check()
+        assert caught.value.field == name

@@ -32,7 +32,8 @@ class _HorovodAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             raise ModuleNotFoundError(
                 f"{fullname} is not provided by raydist.compat.horovod, which maps horovod.torch, "
                 f"horovod.tensorflow.keras, horovod.keras, horovod.spark.run, horovod.spark.torch, "
-                f"horovod.spark.keras and horovod.spark.common (Horovod itself is not installed)", name=fullname)
+                f"horovod.spark.keras, horovod.spark.lightning and horovod.spark.common (Horovod itself is not "
+                f"installed)", name=fullname)
         return importlib.util.spec_from_loader(fullname, self, is_package=True)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:

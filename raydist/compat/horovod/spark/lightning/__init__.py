@@ -1,0 +1,166 @@
+"""[Experimental] ``horovod.spark.lightning``: Horovod's Spark Estimator for
+PyTorch Lightning models, trained on raydist, with nothing to compile.
+
+``TorchEstimator(model=<LightningModule>, ...).fit(df)`` runs a Lightning
+``Trainer`` on ``num_proc`` ranks (DDP over the job's process group, see
+:mod:`._remote`) and returns a :class:`TorchModel` whose ``transform(df)``
+adds one prediction column per label, as :mod:`raydist.compat.horovod.spark.torch`'s.
+``training_step`` gets Horovod's batches: a dict of tensors keyed by column
+name. Rows reach each rank as the other estimators' do (Arrow through Ray's
+object store, no Parquet), from classic and Connect sessions alike.
+
+Horovod's own rules for a ``LightningModule`` hold: ``optimizer``, ``loss``
+and ``loss_weights`` are refused (``configure_optimizers`` and
+``training_step`` say them). Also refused, naming the parameter: a plain
+``torch.nn.Module`` (Horovod's legacy path: use
+``horovod.spark.torch.TorchEstimator``), ``data_module`` (rows come from the
+DataFrame), ``terminate_on_nan`` (gone from Lightning 2; a callback does it),
+``gradient_compression``. ``trainer_args`` override what the estimator gives
+the ``Trainer``; ``logger``, ``profiler``, ``callbacks`` and
+``log_every_n_steps`` pass through.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import time
+from typing import Any, ClassVar
+
+from raydist.compat.horovod.spark.common import _data
+from raydist.compat.horovod.spark.common._params import HorovodParams
+from raydist.compat.horovod.spark.torch import TorchModel as _TorchModel
+from raydist.compat.horovod.spark.torch import _label_types, _spark_has_gpus
+from raydist.errors import TrainingConfigError
+
+try:  # Spark ML's base class: the estimator fits into Pipelines
+    from pyspark.ml import Estimator as _Estimator
+except ImportError:  # pragma: no cover - pyspark is a dependency of raydist
+    _Estimator = object  # type: ignore[misc,assignment]
+
+__all__ = ["TorchEstimator", "TorchModel"]
+
+_CHECKPOINT = "checkpoint.ckpt"
+
+_DEFAULTS: dict[str, Any] = {
+    "num_proc": None, "model": None, "backend": None, "store": None, "optimizer": None, "loss": None,
+    "loss_constructors": None, "metrics": None, "loss_weights": None, "sample_weight_col": None,
+    "gradient_compression": None, "feature_cols": None, "input_shapes": None, "validation": None,
+    "label_cols": None, "callbacks": None, "batch_size": 32, "val_batch_size": None, "epochs": 1, "verbose": 1,
+    "random_seed": None, "shuffle_buffer_size": None, "shuffle": True, "partitions_per_process": None,
+    "run_id": None, "train_minibatch_fn": None, "train_steps_per_epoch": None, "validation_steps_per_epoch": None,
+    "transformation_fn": None, "transformation_edit_fields": None, "transformation_removed_fields": None,
+    "train_reader_num_workers": None, "trainer_args": None, "val_reader_num_workers": None,
+    "reader_pool_type": None, "label_shapes": None, "inmemory_cache_all": False, "num_gpus": None,
+    "logger": None, "log_every_n_steps": 50, "data_module": None, "loader_num_epochs": None,
+    "terminate_on_nan": False, "profiler": None, "debug_data_loader": False,
+    "train_async_data_loader_queue_size": None, "val_async_data_loader_queue_size": None, "use_gpu": True,
+    "mp_start_method": None,
+}
+
+
+class TorchModel(_TorchModel):
+    """Horovod's Lightning ``TorchModel``: the trained ``LightningModule``
+    (``getModel()``), ``getHistory()`` (the metrics it logged last),
+    ``transform``, ``setOutputCols``, save and load."""
+
+
+class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type]
+    """Horovod's Lightning ``TorchEstimator``: the same keyword parameters,
+    getters and setters, ``fit(df)`` returning a :class:`TorchModel`, save and load."""
+
+    _defaults: ClassVar[dict[str, Any]] = _DEFAULTS
+
+    def __init__(self, **params: Any) -> None:
+        if params.get("loss") is not None and params.get("loss_constructors") is not None:
+            raise ValueError("only one of loss_constructors and loss parameters can be specified.")
+        super().__init__(**params)
+
+    def _num_proc(self) -> int:
+        from raydist.compat.horovod.spark.torch import TorchEstimator as _Torch
+
+        return _Torch._num_proc(self)  # type: ignore[arg-type]  # the same rule, the same messages
+
+    def _check(self) -> None:
+        import pytorch_lightning as pl
+
+        for name in ("model", "feature_cols", "label_cols"):
+            if self._hvd_params[name] is None:
+                raise TrainingConfigError(name, None, f"TorchEstimator needs {name}")
+        if not isinstance(self.getModel(), pl.LightningModule):
+            raise TrainingConfigError("model", type(self.getModel()).__name__,
+                                      "give a pytorch_lightning.LightningModule here; a plain torch.nn.Module "
+                                      "trains with horovod.spark.torch.TorchEstimator")
+        # Horovod's own rules for a LightningModule, with its messages.
+        if self.getOptimizer():
+            raise ValueError("Parameter `optimizer` cannot be specified with a `LightningModule`. "
+                             "Implement `LightningModule.configure_optimizers` instead.")
+        if self.getLoss():
+            raise ValueError("Parameter `loss` cannot be specified with a `LightningModule`. "
+                             "Implement `LightningModule.train_step` instead.")
+        if self.getLossWeights():
+            raise ValueError("Parameter `loss_weights` cannot be specified with a `LightningModule`. "
+                             "Implement `LightningModule.train_step` instead.")
+        for name, why in (("data_module", "the rows come from the DataFrame fit is given"),
+                          ("gradient_compression", "gradients travel uncompressed here"),
+                          ("train_minibatch_fn", "a LightningModule's training_step is its minibatch")):
+            if self._hvd_params[name] is not None:
+                raise TrainingConfigError(name, self._hvd_params[name], f"{why}: leave it out")
+        if self.getTerminateOnNan():
+            raise TrainingConfigError("terminate_on_nan", True, "Lightning 2 has no such switch: stop on NaN with "
+                                                                "a callback (EarlyStopping(check_finite=True))")
+        for name in ("batch_size", "epochs"):
+            value = self._hvd_params[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise TrainingConfigError(name, value, "expected a whole number of at least 1")
+        shapes = self.getInputShapes()
+        if shapes is not None and len(shapes) != len(self.getFeatureCols()):
+            raise TrainingConfigError("input_shapes", shapes, "expected one shape per feature column")
+
+    def _fit(self, df: Any) -> TorchModel:
+        from raydist.compat.horovod.spark.lightning._remote import LightningRankSpec, train_rank
+        from raydist.compat.torch_distributor import TorchDistributor
+        from raydist.train.runtime import scoped_env
+
+        self._check()
+        num_proc = self._num_proc()
+        run_id = self.getRunId() or f"pytorch_{int(time.time())}"
+        store = self.getStore()
+        checkpoint = resume = None
+        if store is not None:
+            checkpoint = f"{store.get_checkpoint_path(run_id).rstrip('/')}/{_CHECKPOINT}"
+            if store.exists(checkpoint):
+                if self.getVerbose():
+                    print(f"Resuming training from last checkpoint: {checkpoint}")
+                resume = store.read(checkpoint)
+        feature_cols, label_cols = list(self.getFeatureCols()), list(self.getLabelCols())
+        shapes = self.getInputShapes() or [None] * len(feature_cols)
+        spec = LightningRankSpec(
+            model=self.getModel(), feature_cols=feature_cols, label_cols=label_cols,
+            input_shapes=[None if s is None else list(s) for s in shapes],
+            sample_weight_col=self.getSampleWeightCol(), batch_size=self.getBatchSize(),
+            val_batch_size=self.getValBatchSize() or self.getBatchSize(), epochs=self.getEpochs(),
+            train_steps_per_epoch=self.getTrainStepsPerEpoch(),
+            validation_steps_per_epoch=self.getValidationStepsPerEpoch(), shuffle=bool(self.getShuffle()),
+            random_seed=self.getRandomSeed(), verbose=int(self.getVerbose() or 0),
+            callbacks=list(self.getCallbacks() or []), logger=self.getLogger(),
+            log_every_n_steps=self.getLogEveryNSteps(), profiler=self.getProfiler(),
+            trainer_args=dict(self.getTrainerArgs() or {}), transformation_fn=self.getTransformationFn(),
+            checkpoint_file=checkpoint, store=store, resume=resume,
+        )
+        prepared = _data.prepare(df, feature_cols=feature_cols, label_cols=label_cols,
+                                 sample_weight_col=spec.sample_weight_col, validation=self.getValidation(),
+                                 seed=self.getRandomSeed(), partitions=num_proc)
+        backend = self.getBackend()
+        distributor = TorchDistributor(num_processes=num_proc, local_mode=False,
+                                       use_gpu=bool(self.getUseGpu()) and _spark_has_gpus(df))
+        with scoped_env(backend.env() if backend is not None else {}):
+            history, weights = distributor._train_on_dataframe(train_rank, prepared, spec)
+        import torch
+
+        trained = copy.deepcopy(self.getModel())
+        trained.load_state_dict(torch.load(io.BytesIO(weights)))
+        trained.eval()
+        return TorchModel(history=history, model=trained, feature_columns=feature_cols,
+                          input_shapes=self.getInputShapes(), label_columns=label_cols, run_id=run_id,
+                          _metadata={"types": _label_types(df, label_cols)})
