@@ -19,3 +19,17 @@ def user_session(args: argparse.Namespace) -> SparkSession:
         return SparkSession.builder.remote(args.connect).getOrCreate()
     return (SparkSession.builder.master(args.master).config("spark.ui.enabled", "false")
             .config("spark.executor.memory", "1g").getOrCreate())
+
+
+def three_classes(spark: SparkSession, label_type: type = float):  # type: ignore[no-untyped-def]
+    """The estimator programs' made-up data: 600 rows of four numbers in
+    [-1, 1] and a label, which of the first three is largest (a model that
+    learns gets well over the third a guess gets)."""
+    import random
+
+    rng = random.Random(5)
+    rows = []
+    for _ in range(600):
+        x = [rng.uniform(-1, 1) for _ in range(4)]
+        rows.append((*x, label_type(max(range(3), key=x.__getitem__))))
+    return spark.createDataFrame(rows, ["x0", "x1", "x2", "x3", "label"])

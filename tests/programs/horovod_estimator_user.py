@@ -14,7 +14,6 @@ Prints one RESULT line.
 import argparse
 import json
 import os
-import random
 import sys
 
 from raydist.compat.horovod import use_horovod_alias
@@ -28,7 +27,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import torch.optim as optim  # noqa: E402
-from _session import session_args, user_session  # noqa: E402
+from _session import session_args, three_classes, user_session  # noqa: E402
 from horovod.spark.common.backend import SparkBackend  # noqa: E402
 from horovod.spark.common.store import Store  # noqa: E402
 from pyspark.ml.evaluation import MulticlassClassificationEvaluator  # noqa: E402
@@ -41,13 +40,7 @@ parser.add_argument("work_dir")
 args = parser.parse_args()
 spark = user_session(args)
 
-# Three classes in four numbers: which of the first three is largest.
-rng = random.Random(5)
-rows = []
-for _ in range(600):
-    x = [rng.uniform(-1, 1) for _ in range(4)]
-    rows.append((*x, int(np.argmax(x[:3]))))
-df = spark.createDataFrame(rows, ["x0", "x1", "x2", "x3", "label"])
+df = three_classes(spark, int)  # which of three numbers is largest
 df = VectorAssembler(inputCols=["x0", "x1", "x2", "x3"], outputCol="features").transform(df).select("features", "label")
 train_df, test_df = df.randomSplit([0.8, 0.2], seed=1)
 

@@ -14,7 +14,6 @@ second fit resumed from the checkpoint. Prints one RESULT line.
 import argparse
 import json
 import os
-import random
 
 from raydist.compat.horovod import use_horovod_alias
 
@@ -24,7 +23,7 @@ import horovod.spark.keras as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import pyspark.sql.types as T  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from _session import session_args, user_session  # noqa: E402
+from _session import session_args, three_classes, user_session  # noqa: E402
 from horovod.spark.common.backend import SparkBackend  # noqa: E402
 from horovod.spark.common.store import Store  # noqa: E402
 from pyspark.ml.evaluation import MulticlassClassificationEvaluator  # noqa: E402
@@ -38,13 +37,7 @@ parser.add_argument("work_dir")
 args = parser.parse_args()
 spark = user_session(args)
 
-# Three classes in four numbers: which of the first three is largest.
-rng = random.Random(5)
-rows = []
-for _ in range(600):
-    x = [rng.uniform(-1, 1) for _ in range(4)]
-    rows.append((*x, float(np.argmax(x[:3]))))
-df = spark.createDataFrame(rows, ["x0", "x1", "x2", "x3", "label"])
+df = three_classes(spark)  # which of three numbers is largest
 df = VectorAssembler(inputCols=["x0", "x1", "x2", "x3"], outputCol="features").transform(df)
 encoder = OneHotEncoder(inputCols=["label"], outputCols=["label_vec"], dropLast=False)
 df = encoder.fit(df).transform(df).select("features", "label", "label_vec")

@@ -28,9 +28,8 @@ import pickle
 import time
 from typing import Any, ClassVar
 
-from raydist.compat.horovod.spark.common import _data
+from raydist.compat.horovod.spark.common import _fit
 from raydist.compat.horovod.spark.common._params import HorovodParams
-from raydist.compat.horovod.spark.torch import _label_types, _spark_has_gpus
 from raydist.errors import TrainingConfigError
 
 try:  # Spark ML's base classes: the estimator and its model fit into Pipelines
@@ -118,23 +117,14 @@ class KerasEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
 
     def _fit_prepared(self, df: Any, run_id: str) -> KerasModel:
         from raydist.compat.horovod.spark.keras._remote import train_rank
-        from raydist.compat.torch_distributor import TorchDistributor
-        from raydist.train.runtime import scoped_env
 
         spec, num_proc = self._rank_spec(run_id)
-        prepared = _data.prepare(df, feature_cols=spec.feature_cols, label_cols=spec.label_cols,
-                                 sample_weight_col=spec.sample_weight_col, validation=self.getValidation(),
-                                 seed=self.getRandomSeed(), partitions=num_proc)
-        backend = self.getBackend()
-        distributor = TorchDistributor(num_processes=num_proc, local_mode=False,
-                                       use_gpu=bool(self.getUseGpu()) and _spark_has_gpus(df))
-        with scoped_env(backend.env() if backend is not None else {}):
-            history, model = distributor._train_on_dataframe(train_rank, prepared, spec)
+        history, model = _fit.train_ranks(self, df, train_rank, spec, num_proc)
         with _keras_of(self.getModel()).utils.custom_object_scope(dict(self.getCustomObjects() or {})):
             trained = pickle.loads(model)
         return KerasModel(history=history, model=trained, feature_columns=spec.feature_cols,
                           label_columns=spec.label_cols, custom_objects=self.getCustomObjects(), run_id=run_id,
-                          _metadata={"types": _label_types(df, spec.label_cols)})
+                          _metadata={"types": _fit.label_types(df, spec.label_cols)})
 
     def _rank_spec(self, run_id: str) -> tuple[Any, int]:
         from raydist.compat.horovod.spark.keras._remote import KerasRankSpec
@@ -151,14 +141,8 @@ class KerasEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
             label_shapes = [[-1, 1] if len(s) == 2 and s[1] == 1 else None for s in outputs] \
                 if len(outputs) == len(label_cols) else [None] * len(label_cols)
         store = self.getStore()
-        checkpoint = logs = resume = None
-        if store is not None:
-            checkpoint = f"{store.get_checkpoint_path(run_id).rstrip('/')}/{_CHECKPOINT}"
-            logs = store.get_logs_path(run_id)
-            if store.exists(checkpoint):
-                if self.getVerbose():
-                    print(f"Resuming training from last checkpoint: {checkpoint}")
-                resume = store.read(checkpoint)
+        checkpoint, resume = _fit.kept_checkpoint(store, run_id, _CHECKPOINT, self.getVerbose())
+        logs = store.get_logs_path(run_id) if store is not None else None
         spec = KerasRankSpec(
             model=pickle.dumps(model), legacy=legacy,
             optimizer=keras.optimizers.serialize(optimizer if not isinstance(optimizer, str)

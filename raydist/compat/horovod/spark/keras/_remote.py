@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from raydist.compat.horovod.spark.common._data import VALIDATION_COLUMN
+from raydist.compat.horovod.spark.common._fit import rank_rows
 
 __all__ = ["KerasRankSpec", "predict_rows", "train_rank"]
 
@@ -204,17 +204,9 @@ def _dataset(tf: Any, spec: KerasRankSpec, rows: Any, batch: int, shuffle: bool,
 
 def train_rank(spec: KerasRankSpec) -> tuple[dict[str, list[float]], bytes] | None:
     """Train this rank's share; rank 0 returns (the history, the trained model pickled)."""
-    import pyarrow as pa
-
     import raydist.compat.horovod.torch as hvd
 
-    with open(os.environ["SPARK_PARTITION_ARROW_DATA_FILE"], "rb") as f:
-        rows = pa.ipc.open_stream(f).read_all().to_pandas()
-    if spec.transformation_fn is not None:
-        rows = spec.transformation_fn(rows)
-    validating = rows.pop(VALIDATION_COLUMN).astype(bool) if VALIDATION_COLUMN in rows else None
-    train_rows = rows[~validating] if validating is not None else rows
-    val_rows = rows[validating] if validating is not None else rows.iloc[0:0]
+    train_rows, val_rows, _marked = rank_rows(spec.transformation_fn)
 
     hvd.init()  # the job's gloo group, which the gradients and logs are averaged through
     try:

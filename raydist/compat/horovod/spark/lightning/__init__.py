@@ -27,10 +27,9 @@ import io
 import time
 from typing import Any, ClassVar
 
-from raydist.compat.horovod.spark.common import _data
+from raydist.compat.horovod.spark.common import _fit
 from raydist.compat.horovod.spark.common._params import HorovodParams
 from raydist.compat.horovod.spark.torch import TorchModel as _TorchModel
-from raydist.compat.horovod.spark.torch import _label_types, _spark_has_gpus
 from raydist.errors import TrainingConfigError
 
 try:  # Spark ML's base class: the estimator fits into Pipelines
@@ -119,20 +118,12 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
 
     def _fit(self, df: Any) -> TorchModel:
         from raydist.compat.horovod.spark.lightning._remote import LightningRankSpec, train_rank
-        from raydist.compat.torch_distributor import TorchDistributor
-        from raydist.train.runtime import scoped_env
 
         self._check()
         num_proc = self._num_proc()
         run_id = self.getRunId() or f"pytorch_{int(time.time())}"
         store = self.getStore()
-        checkpoint = resume = None
-        if store is not None:
-            checkpoint = f"{store.get_checkpoint_path(run_id).rstrip('/')}/{_CHECKPOINT}"
-            if store.exists(checkpoint):
-                if self.getVerbose():
-                    print(f"Resuming training from last checkpoint: {checkpoint}")
-                resume = store.read(checkpoint)
+        checkpoint, resume = _fit.kept_checkpoint(store, run_id, _CHECKPOINT, self.getVerbose())
         feature_cols, label_cols = list(self.getFeatureCols()), list(self.getLabelCols())
         shapes = self.getInputShapes() or [None] * len(feature_cols)
         spec = LightningRankSpec(
@@ -148,14 +139,7 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
             trainer_args=dict(self.getTrainerArgs() or {}), transformation_fn=self.getTransformationFn(),
             checkpoint_file=checkpoint, store=store, resume=resume,
         )
-        prepared = _data.prepare(df, feature_cols=feature_cols, label_cols=label_cols,
-                                 sample_weight_col=spec.sample_weight_col, validation=self.getValidation(),
-                                 seed=self.getRandomSeed(), partitions=num_proc)
-        backend = self.getBackend()
-        distributor = TorchDistributor(num_processes=num_proc, local_mode=False,
-                                       use_gpu=bool(self.getUseGpu()) and _spark_has_gpus(df))
-        with scoped_env(backend.env() if backend is not None else {}):
-            history, weights = distributor._train_on_dataframe(train_rank, prepared, spec)
+        history, weights = _fit.train_ranks(self, df, train_rank, spec, num_proc)
         import torch
 
         trained = copy.deepcopy(self.getModel())
@@ -163,4 +147,4 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
         trained.eval()
         return TorchModel(history=history, model=trained, feature_columns=feature_cols,
                           input_shapes=self.getInputShapes(), label_columns=label_cols, run_id=run_id,
-                          _metadata={"types": _label_types(df, label_cols)})
+                          _metadata={"types": _fit.label_types(df, label_cols)})

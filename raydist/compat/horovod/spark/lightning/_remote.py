@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from raydist.compat.horovod.spark.common._data import VALIDATION_COLUMN
+from raydist.compat.horovod.spark.common._fit import rank_rows
 from raydist.compat.horovod.spark.torch._remote import column_tensor
 
 __all__ = ["LightningRankSpec", "train_rank"]
@@ -127,19 +127,12 @@ def _loader(spec: LightningRankSpec, rows: Any, batch: int, steps: int, shuffle:
 
 def train_rank(spec: LightningRankSpec) -> tuple[dict[str, float], bytes] | None:
     """Train this rank's share; rank 0 returns (the metrics logged last, the weights)."""
-    import pyarrow as pa
     import pytorch_lightning as pl
     import torch
     import torch.distributed as dist
     from pytorch_lightning.strategies import DDPStrategy
 
-    with open(os.environ["SPARK_PARTITION_ARROW_DATA_FILE"], "rb") as f:
-        rows = pa.ipc.open_stream(f).read_all().to_pandas()
-    if spec.transformation_fn is not None:
-        rows = spec.transformation_fn(rows)
-    validating = rows.pop(VALIDATION_COLUMN).astype(bool) if VALIDATION_COLUMN in rows else None
-    train_rows = rows[~validating] if validating is not None else rows
-    val_rows = rows[validating] if validating is not None else rows.iloc[0:0]
+    train_rows, val_rows, _marked = rank_rows(spec.transformation_fn)
     if spec.random_seed is not None:
         pl.seed_everything(spec.random_seed, verbose=False)
 

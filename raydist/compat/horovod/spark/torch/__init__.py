@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import copy
 import io
-import os
 import time
 from typing import Any, ClassVar
 
-from raydist.compat.horovod.spark.common import _data
+from raydist.compat.horovod.spark.common import _fit
 from raydist.compat.horovod.spark.common._params import HorovodParams
 from raydist.errors import TrainingConfigError
 
@@ -150,24 +149,10 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
 
     def _fit_prepared(self, df: Any, run_id: str) -> TorchModel:
         from raydist.compat.horovod.spark.torch._remote import train_rank
-        from raydist.train.runtime import scoped_env
 
         spec, num_proc = self._rank_spec(df, run_id)
-        prepared = _data.prepare(df, feature_cols=spec.feature_cols, label_cols=spec.label_cols,
-                                 sample_weight_col=spec.sample_weight_col, validation=self.getValidation(),
-                                 seed=self.getRandomSeed(), partitions=num_proc)
-        backend = self.getBackend()
-        with scoped_env(backend.env() if backend is not None else {}):
-            history, model_state, optimizer_state = self._distributor(df, num_proc)._train_on_dataframe(
-                train_rank, prepared, spec)
+        history, model_state, optimizer_state = _fit.train_ranks(self, df, train_rank, spec, num_proc)
         return self._model_of(df, spec, run_id, history, model_state, optimizer_state)
-
-    def _distributor(self, df: Any, num_proc: int) -> Any:
-        """The ``TorchDistributor`` the ranks run under (GPUs only where Spark gives tasks some)."""
-        from raydist.compat.torch_distributor import TorchDistributor
-
-        return TorchDistributor(num_processes=num_proc, local_mode=False,
-                                use_gpu=bool(self.getUseGpu()) and _spark_has_gpus(df))
 
     def _rank_spec(self, df: Any, run_id: str) -> tuple[Any, int]:
         """What every rank runs with, after the checks; and how many ranks."""
@@ -177,17 +162,14 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
         num_proc = self._num_proc()
         feature_cols, label_cols = list(self.getFeatureCols()), list(self.getLabelCols())
         store = self.getStore()
-        checkpoint = logs = None
+        checkpoint, kept = _fit.kept_checkpoint(store, run_id, store.get_checkpoint_filename() if store else "",
+                                                self.getVerbose())
+        logs = store.get_logs_path(run_id) if store is not None else None
         resume = None
-        if store is not None:
-            checkpoint = os.path.join(store.get_checkpoint_path(run_id), store.get_checkpoint_filename())
-            logs = store.get_logs_path(run_id)
-            if store.exists(checkpoint):
-                import torch
+        if kept is not None:
+            import torch
 
-                if self.getVerbose():
-                    print(f"Resuming training from last checkpoint: {checkpoint}")
-                resume = torch.load(io.BytesIO(store.read(checkpoint)), weights_only=False)
+            resume = torch.load(io.BytesIO(kept), weights_only=False)
         optimizer = self.getOptimizer()
         losses = None if self.getLoss() is None else _as_list(self.getLoss())
         if losses is None:
@@ -226,25 +208,7 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
                           input_shapes=self.getInputShapes(), label_columns=spec.label_cols,
                           optimizer=new_optimizer, run_id=run_id,
                           loss=self.getLoss(), loss_constructors=self.getLossConstructors(),
-                          _metadata={"types": _label_types(df, spec.label_cols)})
-
-
-def _spark_has_gpus(df: Any) -> bool:
-    """Whether Spark gives its tasks GPUs: Horovod's ``use_gpu=True`` (its
-    default) uses a GPU where a rank has one and runs on CPU where none does."""
-    try:
-        amount = df.sparkSession.conf.get("spark.task.resource.gpu.amount", None)
-    except Exception:  # noqa: BLE001 - a session that cannot say has none to give
-        return False
-    try:
-        return bool(amount) and float(amount) > 0
-    except ValueError:
-        return False
-
-
-def _label_types(df: Any, label_cols: list[str]) -> dict[str, str]:
-    types = {f.name: f.dataType for f in df.schema.fields}
-    return {c: "vector" if _data.is_vector(types[c]) else types[c].simpleString() for c in label_cols}
+                          _metadata={"types": _fit.label_types(df, spec.label_cols)})
 
 
 class TorchModel(HorovodParams, _Model):  # type: ignore[misc,valid-type]

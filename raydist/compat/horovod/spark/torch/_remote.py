@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from raydist.compat.horovod.spark.common._data import VALIDATION_COLUMN
+from raydist.compat.horovod.spark.common._fit import rank_rows
 
 __all__ = ["RankSpec", "train_rank", "column_tensor", "feature_tensors", "predict_rows"]
 
@@ -58,14 +58,6 @@ class RankSpec:
     #: The Store the checkpoint is written through (set with ``checkpoint_file``).
     store: Any = None
     resume_state: dict[str, Any] | None = None
-
-
-def _read_rows() -> Any:
-    """This rank's rows as a pandas DataFrame (the file pyspark's task would write)."""
-    import pyarrow as pa
-
-    with open(os.environ["SPARK_PARTITION_ARROW_DATA_FILE"], "rb") as f:
-        return pa.ipc.open_stream(f).read_all().to_pandas()
 
 
 def column_tensor(values: Any) -> Any:
@@ -147,16 +139,10 @@ def train_rank(spec: RankSpec) -> tuple[list[dict[str, Any]], bytes, bytes] | No
 
     if spec.random_seed is not None:
         torch.manual_seed(spec.random_seed)
-    rows = _read_rows()
-    if spec.transformation_fn is not None:
-        rows = spec.transformation_fn(rows)
-    validating = rows.pop(VALIDATION_COLUMN).astype(bool) if VALIDATION_COLUMN in rows else None
-    train_rows = rows[~validating] if validating is not None else rows
-    val_rows = rows[validating] if validating is not None else rows.iloc[0:0]
-
+    train_rows, val_rows, marked = rank_rows(spec.transformation_fn)
     hvd.init()
     try:
-        return _train(spec, train_rows, val_rows, validating is not None)
+        return _train(spec, train_rows, val_rows, marked)
     finally:
         hvd.shutdown()
 
