@@ -322,8 +322,8 @@ def test_horovods_lightning_estimator_runs_from_a_connect_client(connect_server,
     """test_horovod.py's Lightning estimator program as a Connect client: about 2 min here."""
     from tests.test_horovod import check_lightning_estimator_program
 
-    out = run_program("horovod_lightning_user.py", "--connect", connect_server.url, str(tmp_path / "store"),
-                      home=tmp_path / "home")
+    out = run_program("horovod_lightning_estimator_user.py", "--connect", connect_server.url,
+                      str(tmp_path / "store"), home=tmp_path / "home")
     check_lightning_estimator_program(out)
 
 
@@ -333,6 +333,6 @@ def test_horovods_keras_estimator_runs_from_a_connect_client(connect_server, no_
     2 min here, most of it TensorFlow's import in each process."""
     from tests.test_horovod import check_keras_estimator_program
 
-    out = run_program("horovod_keras_user.py", "--connect", connect_server.url, str(tmp_path / "store"),
-                      home=tmp_path / "home")
+    out = run_program("horovod_keras_estimator_user.py", "--connect", connect_server.url,
+                      str(tmp_path / "store"), home=tmp_path / "home")
     check_keras_estimator_program(out)

@@ -136,8 +136,8 @@ def test_horovods_lightning_estimator_example_runs_with_only_the_alias_line(tmp_
     """Horovod's Lightning estimator example in its shape: two fits of a
     LightningModule, a transform and a session cluster start, about 2 min
     here (the same program on Connect is in test_connect.py)."""
-    out = run_program("horovod_lightning_user.py", "--master", "local-cluster[2,1,1024]", str(tmp_path / "store"),
-                      home=tmp_path / "home")
+    out = run_program("horovod_lightning_estimator_user.py", "--master", "local-cluster[2,1,1024]",
+                      str(tmp_path / "store"), home=tmp_path / "home")
     check_lightning_estimator_program(out)
 
 
@@ -147,8 +147,8 @@ def test_horovods_keras_estimator_example_runs_with_only_the_alias_line(tmp_path
     on the driver: two fits, a transform and a session cluster start, about
     140 s here, most of it TensorFlow's import in each process (the same
     program on Connect is in test_connect.py)."""
-    out = run_program("horovod_keras_user.py", "--master", "local-cluster[2,1,1024]", str(tmp_path / "store"),
-                      home=tmp_path / "home")
+    out = run_program("horovod_keras_estimator_user.py", "--master", "local-cluster[2,1,1024]",
+                      str(tmp_path / "store"), home=tmp_path / "home")
     check_keras_estimator_program(out)
 
 

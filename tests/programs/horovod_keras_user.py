@@ -1,102 +1,78 @@
-"""Horovod's ``examples/spark/keras/keras_spark_mnist.py``, in its shape, on
-a small made-up dataset, with only raydist's alias line added:
+"""A Horovod user's Keras program, written as Horovod's Keras examples write
+it, with only the runner's import changed; run as a script by
+tests/test_horovod.py. It prints one RESULT line (JSON) of what a user would check."""
 
-    horovod_keras_user.py (--master MASTER | --connect URL) WORK_DIR
-
-A VectorAssembler's features and a one-hot label vector, ``Store.create``,
-a Keras 3 model built on the driver (``from tensorflow import keras``),
-``hvd.KerasEstimator(...).fit(train_df)``, ``setOutputCols``, ``transform``,
-an argmax UDF and Spark ML's evaluator; then what a user checks next: the
-history, the run's checkpoint in the Store, a save/load round trip, and a
-second fit resumed from the checkpoint. Prints one RESULT line.
-"""
-
-import argparse
 import json
 import os
 
-from raydist.compat.horovod import use_horovod_alias
+import numpy as np
+from pyspark.sql import SparkSession
 
-use_horovod_alias()  # the one line added to Horovod's example
+from raydist.compat import HorovodRunner  # was: from sparkdl import HorovodRunner
 
-import horovod.spark.keras as hvd  # noqa: E402
-import numpy as np  # noqa: E402
-import pyspark.sql.types as T  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from _session import session_args, three_classes, user_session  # noqa: E402
-from horovod.spark.common.backend import SparkBackend  # noqa: E402
-from horovod.spark.common.store import Store  # noqa: E402
-from pyspark.ml.evaluation import MulticlassClassificationEvaluator  # noqa: E402
-from pyspark.ml.feature import OneHotEncoder, VectorAssembler  # noqa: E402
-from pyspark.sql.functions import udf  # noqa: E402
-from tensorflow import keras  # noqa: E402
+spark = SparkSession.builder.master("local-cluster[2,1,2048]").config("spark.ui.enabled", "false").getOrCreate()
+spark.sparkContext.setLogLevel("ERROR")
 
-parser = argparse.ArgumentParser()
-session_args(parser)
-parser.add_argument("work_dir")
-args = parser.parse_args()
-spark = user_session(args)
-
-df = three_classes(spark)  # which of three numbers is largest
-df = VectorAssembler(inputCols=["x0", "x1", "x2", "x3"], outputCol="features").transform(df)
-encoder = OneHotEncoder(inputCols=["label"], outputCols=["label_vec"], dropLast=False)
-df = encoder.fit(df).transform(df).select("features", "label", "label_vec")
-train_df, test_df = df.randomSplit([0.8, 0.2], seed=1)
-
-store = Store.create(args.work_dir)
+EPOCHS, LR = 4, 0.05
 
 
-def build():
-    return keras.models.Sequential([
-        keras.Input(shape=(4,)),
-        keras.layers.Dense(16, activation="relu"),
-        keras.layers.Dense(3, activation="softmax"),
-    ])
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 8)).astype("float32")
+    return x, (x @ rng.normal(size=(8, 1))).astype("float32")
 
 
-tf.random.set_seed(0)
-model = build()
-optimizer = keras.optimizers.Adam(learning_rate=0.02)
-loss = keras.losses.categorical_crossentropy
-backend = SparkBackend(num_proc=2)
-keras_estimator = hvd.KerasEstimator(backend=backend, store=store, model=model, optimizer=optimizer, loss=loss,
-                                     metrics=["accuracy"], feature_cols=["features"], label_cols=["label_vec"],
-                                     batch_size=16, epochs=4, validation=0.1, verbose=1, run_id="run1",
-                                     random_seed=3)
-keras_model = keras_estimator.fit(train_df).setOutputCols(["label_prob"])
+def build(tf):
+    model = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="relu", input_shape=(8,)),
+                                 tf.keras.layers.Dense(1)])
+    return model
 
-pred_df = keras_model.transform(test_df)
-argmax = udf(lambda v: float(np.argmax(v)), returnType=T.DoubleType())
-pred_df = pred_df.withColumn("label_pred", argmax(pred_df.label_prob))
-evaluator = MulticlassClassificationEvaluator(predictionCol="label_pred", labelCol="label", metricName="accuracy")
-accuracy = evaluator.evaluate(pred_df)
-columns = pred_df.columns
-prob_type = type(pred_df.schema["label_prob"].dataType).__name__
-predictions = [r.label_pred for r in pred_df.orderBy("features").select("label_pred").collect()]
 
-# Save, load, predict the same.
-path = os.path.join(args.work_dir, "saved-model")
-keras_model.save(path)
-loaded = hvd.KerasModel.load(path).setOutputCols(["label_prob"])
-again = loaded.transform(test_df).withColumn("label_pred", argmax("label_prob"))
-same_after_load = [r.label_pred for r in again.orderBy("features").select("label_pred").collect()] == predictions
+def train():
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
 
-run_dir = store.get_checkpoint_path("run1")
-checkpoint_before = sorted(f for f in os.listdir(run_dir) if f.startswith("checkpoint"))
-# A second fit under the same run_id resumes from that checkpoint.
-resumed = hvd.KerasEstimator(backend=SparkBackend(num_proc=2), store=store, model=build(),
-                             optimizer=keras.optimizers.Adam(learning_rate=0.02), loss=loss, metrics=["accuracy"],
-                             feature_cols=["features"], label_cols=["label_vec"], batch_size=16, epochs=1,
-                             run_id="run1", verbose=0).fit(train_df)
-default_columns = resumed.getOutputCols()  # Horovod's name: <label>__output
-resumed_history = resumed.getHistory()
-history = keras_model.getHistory()
-trained = keras_model.getModel()
+    hvd.init()
+    tf.keras.utils.set_random_seed(hvd.rank())  # every rank starts from different weights...
+    model = build(tf)
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate=LR))
+    model.compile(loss="mse", optimizer=opt)
+    callbacks = [
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0),  # ...and rank 0's win
+        hvd.callbacks.MetricAverageCallback(),
+    ]
+    x, y = data()
+    x, y = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
+    history = model.fit(x, y, batch_size=len(x), epochs=EPOCHS, shuffle=False, callbacks=callbacks,
+                        verbose=1 if hvd.rank() == 0 else 0)
+    weights = [round(float(np.sum(w)), 5) for w in model.get_weights()] + \
+        [round(float(np.sum(w * w)), 5) for w in model.get_weights()]
+
+    rates = []
+    record = tf.keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: rates.append(round(float(model.optimizer.learning_rate.numpy()), 6)))
+    warmup = hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.1, warmup_epochs=2)
+    model.fit(x, y, batch_size=len(x), epochs=4, shuffle=False, callbacks=[warmup, record], verbose=0)
+    gathered = hvd.allgather(tf.constant([[float(hvd.rank())]] * (hvd.rank() + 1)))
+    return {"rank": hvd.rank(), "size": hvd.size(), "weights": weights, "loss": history.history["loss"],
+            "rates": rates, "allgather": gathered.numpy().ravel().tolist(),
+            "tf_keras": type(model).__module__.split(".")[0]}
+
+
+def reference():
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(0)
+    model = build(tf)
+    model.compile(loss="mse", optimizer=tf.keras.optimizers.SGD(learning_rate=LR))
+    x, y = data()
+    history = model.fit(x, y, batch_size=len(x), epochs=EPOCHS, shuffle=False, verbose=0)
+    weights = [round(float(np.sum(w)), 5) for w in model.get_weights()] + \
+        [round(float(np.sum(w * w)), 5) for w in model.get_weights()]
+    return {"weights": weights, "loss": history.history["loss"]}
+
+
+out = {"horovod": HorovodRunner(np=2).run(train), "reference": reference()}
 spark.stop()
-print("RESULT " + json.dumps({
-    "accuracy": accuracy, "columns": columns, "prob_type": prob_type, "default_columns": default_columns,
-    "same_after_load": same_after_load, "checkpoint": checkpoint_before, "history": history,
-    "resumed_history": resumed_history, "keras": type(trained).__module__.split(".")[0],
-    "optimizer_lr": float(np.asarray(trained.optimizer.learning_rate)),
-    "logs": sorted(os.listdir(store.get_logs_path("run1"))),
-}))
+print("RESULT " + json.dumps(out), flush=True)

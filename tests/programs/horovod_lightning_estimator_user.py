@@ -1,7 +1,7 @@
 """Horovod's ``examples/spark/pytorch/pytorch_lightning_spark_mnist.py``, in
 its shape, on a small made-up dataset, with only raydist's alias line added:
 
-    horovod_lightning_user.py (--master MASTER | --connect URL) WORK_DIR
+    horovod_lightning_estimator_user.py (--master MASTER | --connect URL) WORK_DIR
 
 A ``LightningModule`` whose ``training_step`` reads Horovod's dict batches,
 a callback counting epochs, ``hvd.TorchEstimator(...).fit(train_df)``,
