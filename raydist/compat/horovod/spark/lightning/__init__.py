@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 from raydist.compat.horovod.spark.common import _fit
 from raydist.compat.horovod.spark.common._params import HorovodParams
+from raydist.compat.horovod.spark.torch import _ESTIMATOR_DEFAULTS as _TORCH_DEFAULTS
 from raydist.compat.horovod.spark.torch import TorchModel as _TorchModel
 from raydist.errors import TrainingConfigError
 
@@ -41,20 +42,14 @@ __all__ = ["TorchEstimator", "TorchModel"]
 
 _CHECKPOINT = "checkpoint.ckpt"
 
+#: Horovod's Lightning parameters: the PyTorch estimator's (but its
+#: backward_passes_per_step: Lightning's accumulate_grad_batches, in trainer_args), and Lightning's own.
 _DEFAULTS: dict[str, Any] = {
-    "num_proc": None, "model": None, "backend": None, "store": None, "optimizer": None, "loss": None,
-    "loss_constructors": None, "metrics": None, "loss_weights": None, "sample_weight_col": None,
-    "gradient_compression": None, "feature_cols": None, "input_shapes": None, "validation": None,
-    "label_cols": None, "callbacks": None, "batch_size": 32, "val_batch_size": None, "epochs": 1, "verbose": 1,
-    "random_seed": None, "shuffle_buffer_size": None, "shuffle": True, "partitions_per_process": None,
-    "run_id": None, "train_minibatch_fn": None, "train_steps_per_epoch": None, "validation_steps_per_epoch": None,
-    "transformation_fn": None, "transformation_edit_fields": None, "transformation_removed_fields": None,
-    "train_reader_num_workers": None, "trainer_args": None, "val_reader_num_workers": None,
-    "reader_pool_type": None, "label_shapes": None, "inmemory_cache_all": False, "num_gpus": None,
-    "logger": None, "log_every_n_steps": 50, "data_module": None, "loader_num_epochs": None,
-    "terminate_on_nan": False, "profiler": None, "debug_data_loader": False,
-    "train_async_data_loader_queue_size": None, "val_async_data_loader_queue_size": None, "use_gpu": True,
-    "mp_start_method": None,
+    **{k: v for k, v in _TORCH_DEFAULTS.items() if k != "backward_passes_per_step"},
+    "reader_pool_type": None, "transformation_edit_fields": None, "transformation_removed_fields": None,
+    "trainer_args": None, "num_gpus": None, "logger": None, "log_every_n_steps": 50, "data_module": None,
+    "loader_num_epochs": None, "terminate_on_nan": False, "profiler": None, "debug_data_loader": False,
+    "train_async_data_loader_queue_size": None, "val_async_data_loader_queue_size": None,
 }
 
 
