@@ -91,6 +91,7 @@ def hvd_child(spark, impl: str) -> dict:  # noqa: ANN001
 
     import raydist.compat.horovod.spark.torch as hvd
     from raydist.compat.horovod.spark.common.store import Store
+    from raydist.compat.torch_distributor import TorchDistributor
 
     def frame(rows: int):  # noqa: ANN202
         xs = [F.rand(seed=i) for i in range(8)]
@@ -121,7 +122,9 @@ def hvd_child(spark, impl: str) -> dict:  # noqa: ANN001
             path = store.get_train_data_path()
             df.repartition(20).write.mode("overwrite").parquet(path)  # Horovod: 10 files a process
             spec, num_proc = est._rank_spec(df, "timed")
-            history, _, _ = est._distributor(df, num_proc).run(_parquet_rank, path, spec)
+            # The same ranks and session cluster as the estimator's own fit (common/_fit.train_ranks).
+            distributor = TorchDistributor(num_processes=num_proc, local_mode=False, use_gpu=False)
+            history, _, _ = distributor.run(_parquet_rank, path, spec)
         return {"seconds": time.monotonic() - t, "loss": history[-1]["train"]["loss"]}
     finally:
         shutil.rmtree(work, ignore_errors=True)
