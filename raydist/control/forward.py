@@ -18,7 +18,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-__all__ = ["CHUNK", "DashboardForward", "carry", "reachable"]
+__all__ = ["CHUNK", "DashboardForward", "carry", "host_port", "reachable"]
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +53,16 @@ async def carry(first: bytes, requests: AsyncIterator[Any], reader: asyncio.Stre
         writer.close()
 
 
+def host_port(url: str) -> tuple[str, int]:
+    """A dashboard URL's (host, port); ValueError when it names no port."""
+    host, _, port = url.removeprefix("http://").rpartition(":")
+    return host, int(port)
+
+
 def reachable(url: str, timeout: float = 2.0) -> bool:
     """Whether this host can open a TCP connection to ``url``'s host and port."""
-    host, _, port = url.removeprefix("http://").rpartition(":")
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
+        with socket.create_connection(host_port(url), timeout=timeout):
             return True
     except (OSError, ValueError):
         return False

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from raydist.control import forward
 from raydist.control.protos import ClusterProtos, ts
 from raydist.control.sparkhost import SparkHost
 from raydist.control.store import ClusterRow, Store
@@ -235,8 +236,7 @@ class ClusterManager:
         if not url:
             raise ClusterNotReadyError(f"cluster {name!r} runs no Ray dashboard now: start it first "
                                        f"(raydist dashboard NAME)")
-        host, _, port = url.removeprefix("http://").rpartition(":")
-        return host, int(port)
+        return forward.host_port(url)
 
     def node_logs(self, request: Any) -> Any:
         """GetNodeLogs: one node's log files, read now by its supervisor

@@ -138,7 +138,7 @@ def _average_gradients(tf: Any, grads: list[Any]) -> list[Any]:
     return out
 
 
-def _distributed(keras: Any, legacy: bool, optimizer: Any, passes: int) -> Any:
+def _distributed(legacy: bool, optimizer: Any, passes: int) -> Any:
     """``optimizer`` whose every update first averages the gradients over the ranks."""
     import tensorflow as tf
 
@@ -230,7 +230,7 @@ def _train(spec: KerasRankSpec, train_rows: Any, val_rows: Any) -> tuple[dict[st
         optimizer = keras.optimizers.deserialize(spec.optimizer)
     optimizer.learning_rate = float(np.asarray(optimizer.learning_rate)) * size  # Horovod's scaling
     # No XLA: a step holds the host-memory average, which XLA cannot compile.
-    model.compile(optimizer=_distributed(keras, spec.legacy, optimizer, spec.backward_passes_per_step),
+    model.compile(optimizer=_distributed(spec.legacy, optimizer, spec.backward_passes_per_step),
                   loss=spec.loss, loss_weights=spec.loss_weights, metrics=spec.metrics,
                   **({} if spec.legacy else {"jit_compile": False}))
     weights = model.get_weights()
