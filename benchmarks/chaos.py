@@ -59,8 +59,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.hostile import Hostile  # noqa: E402
 from raydist.control.client import Client  # noqa: E402
+from raydist.engine.node.procs import ray_processes  # noqa: E402
 from raydist.engine.ports import free_port  # noqa: E402
-from raydist.engine.procs import ray_processes  # noqa: E402
 from raydist.errors import RPCError  # noqa: E402
 from raydist.spec import ClusterSpec  # noqa: E402
 
@@ -142,7 +142,7 @@ def _targets(root: int, kind: str) -> list[psutil.Process]:
             if kind == "executor":
                 hit = proc.name() == "java" and any("CoarseGrainedExecutorBackend" in a for a in argv)
             elif kind == "supervisor":
-                hit = "raydist.engine.supervisor" in argv and os.getsid(proc.pid) == proc.pid
+                hit = "raydist.engine.node.supervisor" in argv and os.getsid(proc.pid) == proc.pid
             else:
                 hit = proc.name() == {"raylet": "raylet", "gcs": "gcs_server"}[kind]
         except (psutil.Error, OSError):

@@ -42,9 +42,9 @@ from collections.abc import Callable
 import psutil
 
 from raydist.control.client import Client
-from raydist.engine.channel import NodeChannel, NodeLink
-from raydist.engine.linkauth import NodeKeys, say_hello
-from raydist.engine.wire import HANDSHAKE_S, encode
+from raydist.engine.link.channel import NodeChannel, NodeLink
+from raydist.engine.link.keys import NodeKeys, say_hello
+from raydist.engine.link.wire import HANDSHAKE_S, encode
 from raydist.errors import RPCError
 
 #: Codes that mean "the server is not there now" (a restart), not an answer.
@@ -170,7 +170,7 @@ class Hostile:
             listening = {c.laddr.port: c.laddr.ip for c in (server.net_connections(kind="tcp") if server else [])
                          if c.status == psutil.CONN_LISTEN}
             supervisors = {p.pid for p in (server.children(recursive=True) if server else [])
-                           if "raydist.engine.supervisor" in " ".join(_argv(p))}
+                           if "raydist.engine.node.supervisor" in " ".join(_argv(p))}
             for conn in psutil.net_connections(kind="tcp") if supervisors else []:
                 if conn.pid in supervisors and conn.raddr and conn.raddr.port in listening:
                     found.add((listening[conn.raddr.port], conn.raddr.port))
@@ -235,7 +235,7 @@ class Hostile:
     # -- an eavesdropper --------------------------------------------------------
 
     def replay(self) -> None:
-        logging.getLogger("raydist.engine.channel").setLevel(logging.ERROR)  # its refusals are the point
+        logging.getLogger("raydist.engine.link.channel").setLevel(logging.ERROR)  # its refusals are the point
         keys = NodeKeys()
         secret = keys.issue("w0")
         welcomed: list[str] = []

@@ -34,10 +34,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from raydist.engine.channel import LOG_TAIL_LINES, NodeChannel, NodeLink
-from raydist.engine.linkauth import NodeKeys, relay_key, say_hello
-from raydist.engine.relay import LinkRelay
-from raydist.engine.wire import HANDSHAKE_S, MAX_LINE, encode
+from raydist.engine.link.channel import LOG_TAIL_LINES, NodeChannel, NodeLink
+from raydist.engine.link.keys import NodeKeys, relay_key, say_hello
+from raydist.engine.link.relay import LinkRelay
+from raydist.engine.link.wire import HANDSHAKE_S, MAX_LINE, encode
 
 __all__ = ["LinkAttackers"]
 
@@ -81,8 +81,8 @@ class LinkAttackers:
     def __init__(self, count: Callable[[str, str], None], stop: threading.Event, seed: int,
                  tenant_client: Callable[[], object] | None = None) -> None:
         # The channel's refusals are the point: said once here, not once an attempt.
-        logging.getLogger("raydist.engine.channel").setLevel(logging.ERROR)
-        logging.getLogger("raydist.engine.relay").setLevel(logging.ERROR)
+        logging.getLogger("raydist.engine.link.channel").setLevel(logging.ERROR)
+        logging.getLogger("raydist.engine.link.relay").setLevel(logging.ERROR)
         self._count = count
         self._stop = stop
         self._rng = random.Random(seed)

@@ -44,7 +44,7 @@ STEADY_S = 60.0
 
 def serve_simulated(executors: int, argv: list[str]) -> int:
     """``raydist serve`` whose SparkSession is a simulated one."""
-    import raydist.engine.spark as spark_mod
+    import raydist.engine.spark.session as spark_mod
     from raydist import cli
     from raydist.testing.simspark import SimSpark
 

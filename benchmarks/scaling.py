@@ -84,9 +84,9 @@ def bare_demand_to_task(ray: Any, address: str, env: dict[str, str]) -> float:
     import signal
     import subprocess
 
-    from raydist.engine.launch import ray_executable
+    from raydist.engine.node.launch import ray_executable
+    from raydist.engine.node.supervisor import NODE_PORT_OPTIONS
     from raydist.engine.ports import free_port
-    from raydist.engine.supervisor import NODE_PORT_OPTIONS
 
     @ray.remote(num_cpus=1)
     def started() -> float:
@@ -285,7 +285,7 @@ def _part(name: str, args: argparse.Namespace) -> dict[str, Any]:
 def run_part(args: argparse.Namespace) -> int:
     import json
 
-    from raydist.engine.spark import embedded_session
+    from raydist.engine.spark.session import embedded_session
 
     spark = embedded_session(args.master)
     spark.sparkContext.setLogLevel("ERROR")
@@ -316,7 +316,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.part:
         return run_part(args)
-    from raydist.engine.procs import ray_processes, wait_no_ray_processes
+    from raydist.engine.node.procs import ray_processes, wait_no_ray_processes
 
     before = {p.pid for p in ray_processes()}
     anchors = _part("anchor", args)["anchor"]

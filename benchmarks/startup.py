@@ -76,8 +76,8 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
-    from raydist.engine.procs import ray_processes, wait_no_ray_processes
-    from raydist.engine.spark import embedded_session
+    from raydist.engine.node.procs import ray_processes, wait_no_ray_processes
+    from raydist.engine.spark.session import embedded_session
 
     before = {p.pid for p in ray_processes()}
     standalone = None

@@ -34,7 +34,7 @@ def train_fn(config: dict) -> dict:
 def main() -> None:
     import raydist
     from raydist.data import from_spark
-    from raydist.engine.spark import embedded_session
+    from raydist.engine.spark.session import embedded_session
     from raydist.train import TorchTrainer
 
     # Two executors of two cores: one per executor for the Ray worker nodes, one

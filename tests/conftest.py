@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from raydist.engine.procs import SCOPE_VARIABLE, ray_processes, wait_no_ray_processes
+from raydist.engine.node.procs import SCOPE_VARIABLE, ray_processes, wait_no_ray_processes
 from tests.jvm import with_short_lived_jvms
 
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
@@ -94,7 +94,7 @@ def release_shared_spark() -> None:
 def spark() -> Iterator[object]:
     """local-cluster[2,2,1024]: two executor JVMs of 2 cores, each with two
     fake GPUs (disjoint addresses) from a discovery script."""
-    from raydist.engine.spark import embedded_session
+    from raydist.engine.spark.session import embedded_session
 
     # The standalone workers discover the GPUs and hand them to executors.
     gpu_dir = tempfile.mkdtemp(prefix="raydist-fake-gpus-")

@@ -10,7 +10,7 @@ import pytest
 
 import raydist
 from raydist.engine.cluster import RayCluster
-from raydist.engine.sides import side_of
+from raydist.engine.spark.sides import side_of
 from raydist.errors import CapacityError
 from raydist.spec import ClusterSpec
 from tests.probe import run_py

@@ -117,7 +117,7 @@ def test_tenants_sharing_a_spark_application_on_a_cluster_manager_are_refused_wi
 
 
 def test_a_head_on_the_driver_gets_an_environment_of_its_own() -> None:
-    from raydist.engine.launch import head_env
+    from raydist.engine.node.launch import head_env
 
     server = {"PATH": "/usr/bin", "HOME": "/home/svc", "LC_ALL": "C.UTF-8", "CUDA_HOME": "/usr/local/cuda",
               "RAY_DEDUP_LOGS": "0", "RAYDIST_TOKEN": "admin-secret", "RAYDIST_HOME": "/home/svc/.raydist",

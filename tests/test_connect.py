@@ -47,8 +47,8 @@ def _client(url: str, code: str) -> dict:
 def test_the_engine_sees_a_connect_session_as_spark(connect_server, no_leftover_ray) -> None:
     seen = _client(connect_server.url, """
         import threading, time
-        from raydist.engine import spark as spark_side
-        from raydist.engine.sides import side_of
+        from raydist.engine.spark import session as spark_side
+        from raydist.engine.spark.sides import side_of
         side = side_of(spark)
         cap = spark_side.capacity(spark)
         profile = side.resource_profile(1, 0)
@@ -132,8 +132,8 @@ def test_executors_without_raydist_fail_at_once_naming_their_python(tmp_path, no
 
 
 def test_serve_runs_clusters_on_a_spark_it_reaches_only_through_connect(connect_server, tmp_path) -> None:
+    from raydist.engine.node.procs import ray_processes, wait_no_ray_processes
     from raydist.engine.ports import free_port
-    from raydist.engine.procs import ray_processes, wait_no_ray_processes
     from tests.control_server import Server
 
     before = {p.pid for p in ray_processes()}
@@ -166,8 +166,8 @@ def test_a_tenants_clusters_run_in_the_spark_application_of_its_own(connect_serv
     import psutil
 
     from raydist.control.client import Client
+    from raydist.engine.node.procs import ray_processes, wait_no_ray_processes
     from raydist.engine.ports import free_port
-    from raydist.engine.procs import ray_processes, wait_no_ray_processes
     from tests.control_server import NO_CLUSTERS, Server
     from tests.probe import until
 

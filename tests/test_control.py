@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raydist.control.client import Client
+from raydist.engine.node.procs import ray_processes, wait_no_ray_processes
 from raydist.engine.ports import free_port
-from raydist.engine.procs import ray_processes, wait_no_ray_processes
 from raydist.errors import RPCError
 from raydist.spec import ClusterSpec
 from tests.control_server import NO_CLUSTERS, Server

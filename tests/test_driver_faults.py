@@ -16,8 +16,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from raydist._proto import pb
 from raydist.control.store import ClusterRow, Store
+from raydist.engine.node.procs import ray_processes, wait_no_ray_processes
 from raydist.engine.ports import free_port
-from raydist.engine.procs import ray_processes, wait_no_ray_processes
 from raydist.errors import RPCError
 from raydist.spec import ClusterSpec
 from tests.control_server import Server

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 import raydist
-from raydist.engine.procs import ray_processes, wait_no_ray_processes
+from raydist.engine.node.procs import ray_processes, wait_no_ray_processes
 from raydist.errors import CapacityError, ClusterFailedError, NodeStartTimeoutError
 from raydist.spec import State
 from tests.probe import node_tasks as _node_tasks

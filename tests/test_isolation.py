@@ -24,8 +24,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from raydist.engine.node.procs import ray_processes, wait_no_ray_processes
 from raydist.engine.ports import free_port
-from raydist.engine.procs import ray_processes, wait_no_ray_processes
 from raydist.testing.standalone import StandaloneSpark
 from tests.conftest import release_shared_spark
 from tests.control_server import Server

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from raydist.engine.procs import ray_processes, wait_no_ray_processes
+from raydist.engine.node.procs import ray_processes, wait_no_ray_processes
 from tests.control_server import Server
 
 pytestmark = pytest.mark.integration

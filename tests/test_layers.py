@@ -118,3 +118,32 @@ def test_imports_run_downward_only() -> None:
     upward = sorted(f"{name} -> {target}" for name, path in known.items() if name != "raydist"
                     for target in _imports(path, known) - {"raydist"} if _layer(target) > _layer(name))
     assert upward == []
+
+
+#: The engine's rooms, lowest first (docs/architecture.md, raydist/engine/__init__.py).
+ENGINE_ROOMS = (
+    ("raydist.engine.sizing", "raydist.engine.ports", "raydist.engine.threads", "raydist.engine.auth",
+     "raydist.engine.nodelogs", "raydist.engine.connection"),
+    ("raydist.engine.spark",),
+    ("raydist.engine.link",),
+    ("raydist.engine.node",),
+    ("raydist.engine.cluster",),
+    ("raydist.engine.registry",),
+)
+
+
+def _room(module: str) -> int:
+    for rank, tops in enumerate(ENGINE_ROOMS):
+        if any(module == top or module.startswith(top + ".") for top in tops):
+            return rank
+    raise AssertionError(f"{module} is in no room of the engine: add it to ENGINE_ROOMS (and to docs/architecture.md)")
+
+
+def test_the_engines_rooms_import_downward_only() -> None:
+    """The engine is shown as rooms (the link, the Spark side, a node, the
+    cluster): a node's supervisor runs in a Spark task and must never reach
+    the cluster's code, nor the link the Spark side's."""
+    known = {name: path for name, path in _modules().items() if name.startswith("raydist.engine.")}
+    upward = sorted(f"{name} -> {target}" for name, path in known.items()
+                    for target in _imports(path, dict(known)) if target in known and _room(target) > _room(name))
+    assert upward == []

@@ -1,4 +1,4 @@
-"""Hostile peers on the node link (engine/linkauth.py): a replayed handshake,
+"""Hostile peers on the node link (engine/link/keys.py): a replayed handshake,
 a node key used for another node, a driver that cannot prove the key. A real
 channel and real supervisors on loopback, spoken to as an attacker would."""
 
@@ -12,9 +12,9 @@ import threading
 import psutil
 import pytest
 
-from raydist.engine.channel import NodeChannel
-from raydist.engine.linkauth import Frames, NodeKeys, node_proof
-from raydist.engine.wire import encode
+from raydist.engine.link.channel import NodeChannel
+from raydist.engine.link.keys import Frames, NodeKeys, node_proof
+from raydist.engine.link.wire import encode
 from tests.test_supervisor import Recorder, _start_at
 
 pytestmark = pytest.mark.component
@@ -269,7 +269,7 @@ def test_a_line_injected_changed_or_replayed_on_the_path_ends_the_connection() -
 def test_a_node_takes_no_unsealed_or_replayed_line_from_the_path() -> None:
     # The node's end of the same: a `head` address or a `stop` injected
     # between the driver and the node is not taken.
-    from raydist.engine.wire import LineReader, LinkBroken
+    from raydist.engine.link.wire import LineReader, LinkBroken
 
     driver_frames = Frames.after_handshake("k" * 64, "a" * 32, "b" * 32, driver=True)
     head = driver_frames.seal(encode({"cmd": "head", "address": "10.0.0.1:6379"}))

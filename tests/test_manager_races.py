@@ -56,7 +56,7 @@ class _Spark:
 
 @pytest.fixture
 def manager(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ClusterManager:
-    from raydist.engine import spark as spark_side
+    from raydist.engine.spark import session as spark_side
 
     _Engine.made = []
     _Engine.gate = threading.Event()
@@ -183,7 +183,7 @@ def test_past_its_quota_a_tenant_is_told_so_before_spark_is_asked(manager: Clust
     """The quota's answer, not Spark's: a create past a tenant's quota never
     reaches Spark (whose capacity may say no for its own passing reasons)."""
     from raydist.control.tenants import Quota
-    from raydist.engine import spark as spark_side
+    from raydist.engine.spark import session as spark_side
     from raydist.errors import CapacityError, QuotaExceededError
 
     def no_room(*args: object) -> None:

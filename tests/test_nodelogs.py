@@ -80,7 +80,7 @@ class _AnsweringLink:
     def __init__(self, key: str, delay: float) -> None:
         import threading
 
-        from raydist.engine.nodelink import NodeLink
+        from raydist.engine.link.nodelink import NodeLink
 
         self.link = NodeLink(key=key, _post=self._post)
         self.delay = delay

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from raydist.engine.outbox import Outbox
+from raydist.engine.cluster.outbox import Outbox
 
 pytestmark = pytest.mark.unit
 

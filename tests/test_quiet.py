@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from raydist.engine.procs import ray_processes, wait_no_ray_processes
+from raydist.engine.node.procs import ray_processes, wait_no_ray_processes
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Node links that end in the head's task (engine/relay.py): the driver only
+"""Node links that end in the head's task (engine/link/relay.py): the driver only
 dials out. Real supervisors (with the stand-in node of test_supervisor), a
 real relay, a real channel and dialer, all on loopback."""
 
@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from raydist.engine.channel import NodeChannel
-from raydist.engine.linkauth import Frames, NodeKeys, relay_key, relay_proof
-from raydist.engine.relay import LinkRelay, RelayDialer
-from raydist.engine.wire import encode
+from raydist.engine.link.channel import NodeChannel
+from raydist.engine.link.keys import Frames, NodeKeys, relay_key, relay_proof
+from raydist.engine.link.relay import LinkRelay, RelayDialer
+from raydist.engine.link.wire import encode
 from tests.test_supervisor import Recorder, _descendants, _living, _start_at
 
 pytestmark = pytest.mark.component
@@ -256,7 +256,7 @@ def test_the_driver_counts_relayed_handshakes_by_the_address_they_came_from() ->
     # Strangers' hellos that reach the driver through the relay hold its
     # handshake places as direct ones do: MAX_PENDING_PER_SOURCE for one
     # address, and another address still gets its challenge.
-    from raydist.engine.handshake import MAX_PENDING_PER_SOURCE
+    from raydist.engine.link.handshake import MAX_PENDING_PER_SOURCE
 
     rec = Recorder()
     keys = NodeKeys()

@@ -23,7 +23,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raydist.engine.procs import ray_processes, wait_no_ray_processes
+from raydist.engine.node.procs import ray_processes, wait_no_ray_processes
 from tests.control_server import Server
 from tests.spec_oracle import expect_invalid, name_ok, request_id_ok, spec_errors
 

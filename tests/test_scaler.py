@@ -1,4 +1,4 @@
-"""The elastic cluster's rules (raydist.engine.scaler), on their own."""
+"""The elastic cluster's rules (raydist.engine.cluster.scaler), on their own."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from raydist.engine.scaler import decide, nodes_for
+from raydist.engine.cluster.scaler import decide, nodes_for
 
 pytestmark = pytest.mark.unit
 
@@ -52,8 +52,8 @@ def test_nodes_still_starting_are_left_to_come_up() -> None:
 def test_a_demand_reading_of_thousands_of_nodes_fits_the_link_and_comes_back_whole() -> None:
     # Past ~650 nodes the one-line reading passed the link's 64 KiB line
     # bound: every reading broke the head's link, and scaling stopped.
-    from raydist.engine.demand import MAX_SHAPES, DemandParts, encode_reading
-    from raydist.engine.wire import MAX_LINE
+    from raydist.engine.link.wire import MAX_LINE
+    from raydist.engine.node.demand import MAX_SHAPES, DemandParts, encode_reading
 
     idle = {f"w{i}": 60_000 + i for i in range(5000)}
     pending = [[{"CPU": 1.0, "GPU": float(i % 3)}, 2] for i in range(300)] + [[{"CPU": 1.0, "GPU": 0.0}, 5]]

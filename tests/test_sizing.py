@@ -81,7 +81,7 @@ def test_memory_is_the_containers_limit_when_lower(tmp_path) -> None:
 
 
 def test_an_elastic_cluster_cannot_ask_for_more_than_spark_can_ever_run() -> None:
-    from raydist.engine.spark import SparkCapacity, check_fits
+    from raydist.engine.spark.session import SparkCapacity, check_fits
     from raydist.errors import CapacityError
     from raydist.spec import ClusterSpec
 

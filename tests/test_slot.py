@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from raydist.engine.launch import NodePlan
-from raydist.engine.slot import WorkerSlot, first_error_line
-from raydist.engine.spark_jobs import WorkerJobs, backoff_s
-from raydist.engine.sparkside import SparkJob
+from raydist.engine.cluster.node_jobs import WorkerJobs, backoff_s
+from raydist.engine.cluster.slot import WorkerSlot, first_error_line
+from raydist.engine.node.launch import NodePlan
+from raydist.engine.spark.side import SparkJob
 
 pytestmark = pytest.mark.unit
 
@@ -166,7 +166,7 @@ class _Link:
 def test_a_node_that_says_hello_in_a_loop_writes_one_event_per_window(monkeypatch) -> None:
     """A supervisor that reconnects over and over (a valid key: a bug, or a
     hostile peer on an executor) must not write an event row per hello."""
-    import raydist.engine.slot as slot_module
+    import raydist.engine.cluster.slot as slot_module
 
     now = [1000.0]
     monkeypatch.setattr(slot_module.time, "monotonic", lambda: now[0])

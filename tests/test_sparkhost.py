@@ -38,7 +38,7 @@ class _Side:
 
 def test_server_info_is_read_once_per_session_and_never_waits_on_spark(monkeypatch: pytest.MonkeyPatch) -> None:
     side = _Side()
-    monkeypatch.setattr("raydist.engine.sides.side_of", lambda spark: side)
+    monkeypatch.setattr("raydist.engine.spark.sides.side_of", lambda spark: side)
     host = SparkHost(lambda: object())
     assert host.info() == ("", "")  # not started yet
     host.start(lambda running, reason: None, threading.Event())
@@ -87,7 +87,7 @@ def test_the_spark_watch_outlives_a_failed_heal_and_the_server_gets_a_spark_agai
         sides[id(session)] = _Dying()
         return session
 
-    monkeypatch.setattr("raydist.engine.sides.side_of", lambda spark: sides[id(spark)])
+    monkeypatch.setattr("raydist.engine.spark.sides.side_of", lambda spark: sides[id(spark)])
     monkeypatch.setattr(server, "SPARK_CHECK_S", 0.01)
     monkeypatch.setattr(server, "_freeze_heap", lambda: None)  # the server's heap, not this test process's
     host = SparkHost(factory)

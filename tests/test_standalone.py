@@ -18,9 +18,9 @@ import psutil
 import pytest
 
 import raydist
+from raydist.engine.node.procs import ray_processes, wait_no_ray_processes
 from raydist.engine.ports import free_port
-from raydist.engine.procs import ray_processes, wait_no_ray_processes
-from raydist.engine.spark import embedded_session
+from raydist.engine.spark.session import embedded_session
 from raydist.spec import State
 from raydist.testing.netns import netns_unavailable_reason
 from raydist.testing.standalone import StandaloneSpark

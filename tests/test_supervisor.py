@@ -17,10 +17,10 @@ import time
 import psutil
 import pytest
 
-from raydist.engine.channel import _MAX_PENDING, NodeChannel, NodeLink
-from raydist.engine.handshake import MAX_PENDING_PER_SOURCE
-from raydist.engine.linkauth import NodeKeys, say_hello
-from raydist.engine.wire import LineReader
+from raydist.engine.link.channel import _MAX_PENDING, NodeChannel, NodeLink
+from raydist.engine.link.handshake import MAX_PENDING_PER_SOURCE
+from raydist.engine.link.keys import NodeKeys, say_hello
+from raydist.engine.link.wire import LineReader
 
 pytestmark = pytest.mark.component
 
@@ -54,7 +54,7 @@ def _start_at(address: tuple[str, int], secret: str, watch: list[psutil.Process]
     }
     # The stand-in takes none of the port flags a real `ray start` gets.
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from raydist.engine import supervisor as s; "
+        [sys.executable, "-c", "import sys; from raydist.engine.node import supervisor as s; "
          "s.NODE_PORT_OPTIONS = (); sys.exit(s.main())"],
         stdin=subprocess.PIPE, start_new_session=True,
     )
@@ -492,7 +492,7 @@ def test_ports_the_supervisor_picks_never_repeat_one_the_plan_named(monkeypatch:
     used by other components"). Here the picker is made to offer the
     dashboard's port every time."""
     import raydist.engine.ports as ports
-    from raydist.engine.supervisor import NODE_PORT_OPTIONS, Supervisor, ports_named
+    from raydist.engine.node.supervisor import NODE_PORT_OPTIONS, Supervisor, ports_named
 
     named = ports._quiet_ports()[0] if ports._quiet_ports() else 23456
     monkeypatch.setattr(ports.random, "choice", lambda seq: named)
@@ -558,8 +558,8 @@ def test_one_thread_serves_every_link() -> None:
 _EMFILE_PROGRAM = """
 import os, resource, sys, time
 import psutil
-from raydist.engine.channel import NodeChannel
-from raydist.engine.linkauth import NodeKeys
+from raydist.engine.link.channel import NodeChannel
+from raydist.engine.link.keys import NodeKeys
 keys = NodeKeys()
 ch = NodeChannel("127.0.0.1", keys, lambda event, link: None)
 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]

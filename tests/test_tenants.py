@@ -21,8 +21,8 @@ from raydist._proto import pb
 from raydist.control.client import Client
 from raydist.control.config import ServerConfig
 from raydist.control.tenants import Tenants
+from raydist.engine.node.procs import ray_processes, wait_no_ray_processes
 from raydist.engine.ports import free_port
-from raydist.engine.procs import ray_processes, wait_no_ray_processes
 from raydist.errors import RPCError, SpecError
 from tests.control_server import NO_CLUSTERS, Server
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from raydist.control.tenants import TenantConfig
-from raydist.engine.launch import HEAD_PORTS
+from raydist.engine.node.launch import HEAD_PORTS
 from raydist.errors import SpecError
 
 __all__ = ["CONFIG_ENV", "ServerConfig"]

@@ -20,7 +20,7 @@ from raydist.control.tenants import Quota, owner_of
 from raydist.engine import nodelogs
 from raydist.engine.auth import RayToken
 from raydist.engine.cluster import RayCluster
-from raydist.engine.slot import NodeCounters
+from raydist.engine.cluster.slot import NodeCounters
 from raydist.errors import (
     ClusterExistsError,
     ClusterNotFoundError,
@@ -104,7 +104,7 @@ class ClusterManager:
         spec asks to come back (returned, for :meth:`restart` once a new
         session runs) or FAILED with the reason, and let go of the dead
         session. Clusters on the other Sparks are not touched."""
-        from raydist.engine.sides import side_of
+        from raydist.engine.spark.sides import side_of
 
         host = host or self.spark_host
         spark = host.lose("its SparkContext died; a new one is starting")
@@ -362,7 +362,7 @@ class ClusterManager:
             # A cluster Spark can never fit is RESOURCE_EXHAUSTED now, not a
             # FAILED state later (the first create waits for Spark to start).
             # Only a retry of a live create skips the check (it was done).
-            from raydist.engine import spark as spark_side
+            from raydist.engine.spark import session as spark_side
 
             cap = spark_side.capacity(self.host_of(spec.name).session)
             spark_side.check_fits(spec, cap, spec.cpus_per_worker or cap.cores_per_executor,
@@ -588,7 +588,7 @@ class ClusterManager:
             wait.join()
 
     def _restart_on(self, host: SparkHost, names: list[str]) -> None:
-        from raydist.engine import spark as spark_side
+        from raydist.engine.spark import session as spark_side
 
         for name in names:
             row = self._store.get(name)

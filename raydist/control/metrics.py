@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from raydist._proto import pb
-from raydist.engine.slot import START_BUCKETS, NodeCounters
+from raydist.engine.cluster.slot import START_BUCKETS, NodeCounters
 
 __all__ = ["Metrics", "cluster_label"]
 

@@ -425,7 +425,7 @@ def _freeze_heap() -> None:
 
 async def serve(config: ServerConfig, ready: Callable[[str], None] | None = None) -> int:
     """Run the control plane until SIGTERM/SIGINT; returns the exit code."""
-    from raydist.engine.spark import connect_session, embedded_session
+    from raydist.engine.spark.session import connect_session, embedded_session
 
     loop = asyncio.get_running_loop()
     changed = asyncio.Condition()

@@ -78,7 +78,7 @@ class SparkHost:
         spark = self._spark
         if spark is None:
             return True
-        from raydist.engine.sides import side_of
+        from raydist.engine.spark.sides import side_of
 
         return side_of(spark).alive()
 
@@ -102,7 +102,7 @@ class SparkHost:
 
 def _info_of(spark: Any) -> tuple[str, str]:
     """(master, UI URL) of ``spark``, asked once, as it starts."""
-    from raydist.engine.sides import side_of
+    from raydist.engine.spark.sides import side_of
 
     try:
         side = side_of(spark)

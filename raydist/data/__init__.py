@@ -23,7 +23,7 @@ from typing import Any
 
 from raydist.data._agent import AGENT_NAMESPACE, BlockAgent, fetch_blocks, send_partitions
 from raydist.engine.connection import process_ray
-from raydist.engine.sides import side_of
+from raydist.engine.spark.sides import side_of
 from raydist.errors import DataFormatError, SpecError
 
 __all__ = ["from_spark", "to_spark"]
@@ -151,7 +151,7 @@ def arrow_schema(df: Any) -> Any:
 def _check_free_slot(spark: Any) -> None:
     """The handoff is a Spark job: refuse at once, saying why, when Ray nodes
     (long-running tasks) hold every task slot, instead of waiting forever."""
-    from raydist.engine import spark as spark_side
+    from raydist.engine.spark import session as spark_side
     from raydist.errors import CapacityError
 
     cap = spark_side.capacity(spark, wait_s=0)

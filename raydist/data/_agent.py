@@ -374,7 +374,7 @@ def _put(table: Any) -> Any:
 
 def _agent_for(agents: Mapping[str, tuple[str, int]], driver_host: str) -> tuple[str, int]:
     """This host's agent when one runs here, else any (the bytes then cross the network)."""
-    from raydist.engine.launch import route_ip  # the address Ray nodes on this host took
+    from raydist.engine.node.launch import route_ip  # the address Ray nodes on this host took
 
     mine = route_ip(driver_host)
     if mine in agents:

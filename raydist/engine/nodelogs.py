@@ -8,7 +8,7 @@ dirs go, keeping what it gets under ``RAYDIST_HOME/logs/<cluster>/``
 (:func:`keep`), the oldest runs dropped first past :data:`KEEP_BYTES`.
 
 On the link the bytes travel base64-encoded in chunks well under the line
-limit (:data:`raydist.engine.wire.MAX_LINE`).
+limit (:data:`raydist.engine.link.wire.MAX_LINE`).
 """
 
 from __future__ import annotations

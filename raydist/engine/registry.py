@@ -91,7 +91,7 @@ class ProcessRegistry:
             return list(self._clusters.values())
 
     def embedded_spark(self, master: str | None, conf: Mapping[str, str]) -> SparkSession:
-        from raydist.engine.spark import embedded_session, is_stopped
+        from raydist.engine.spark.session import embedded_session, is_stopped
 
         with self._lock:
             if self._owned_spark is None or is_stopped(self._owned_spark):

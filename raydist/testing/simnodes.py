@@ -4,9 +4,9 @@
 runs nodes as :class:`raydist.testing.simspark.SimSide` asks (one JSON line an
 order: ``start``, ``cancel``); it answers ``ended`` when a node's "Spark job"
 ends. Each node speaks the real node link to the driver's channel, as a
-supervisor does: the authenticated hello (:func:`raydist.engine.linkauth.say_hello`),
+supervisor does: the authenticated hello (:func:`raydist.engine.link.keys.say_hello`),
 ``started`` after a Ray-start-like delay, a ``ping`` every
-:data:`raydist.engine.wire.HEARTBEAT_S`, log requests answered with a small
+:data:`raydist.engine.link.wire.HEARTBEAT_S`, log requests answered with a small
 log, ``stop`` answered with ``stopped`` before it goes. A cancelled node
 drops its link without a word, as a killed task's supervisor does. Every node
 dials from an address of its own on 127.0.0.0/8 (a host of its own, as far
@@ -33,9 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from raydist.engine.linkauth import say_hello
+from raydist.engine.link.keys import say_hello
+from raydist.engine.link.wire import HEARTBEAT_S, LinkBroken, encode
 from raydist.engine.nodelogs import chunks
-from raydist.engine.wire import HEARTBEAT_S, LinkBroken, encode
 
 log = logging.getLogger("raydist.simnodes")
 

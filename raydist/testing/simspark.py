@@ -1,7 +1,7 @@
 """A simulated Spark for the scale benchmark: the real engine on fake executors.
 
 ``SimSpark(executors)`` stands where a SparkSession would; the engine finds
-its :class:`SimSide` through ``raydist_side()`` (:func:`raydist.engine.sides.side_of`).
+its :class:`SimSide` through ``raydist_side()`` (:func:`raydist.engine.spark.sides.side_of`).
 A job's one task is a simulated node in a :mod:`raydist.testing.simnodes`
 process, started at once (no scheduling delay, no Python worker start):
 what this measures is the driver's own cost per node, not Spark's.
@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from raydist.engine.sparkside import SparkJob, SparkSide, TaskBody
+from raydist.engine.spark.side import SparkJob, SparkSide, TaskBody
 
 __all__ = ["SimSpark", "SimSide"]
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from raydist.engine.connection import connected_address, process_ray, same_address
-from raydist.engine.sparkside import is_connect
+from raydist.engine.spark.side import is_connect
 from raydist.engine.threads import spawn
 from raydist.errors import (
     CapacityError,
@@ -222,7 +222,7 @@ class TrainingSession:
 
     def _observe(self, held: _Held | None, now: float) -> Observed | None:
         """What the rules look at (called with ``_lock`` held)."""
-        from raydist.engine import spark as spark_side
+        from raydist.engine.spark import session as spark_side
 
         if held is None:
             return None
@@ -315,9 +315,9 @@ class TrainingSession:
         """Start a session cluster of ``shape`` (``_lifecycle`` held); returns
         once its head is up, so the run's Ray Train start overlaps the
         workers' (seconds of a first run on a small host)."""
-        from raydist.engine import spark as spark_side
         from raydist.engine.cluster import RayCluster
         from raydist.engine.registry import registry
+        from raydist.engine.spark import session as spark_side
         from raydist.spec import ClusterSpec
 
         spark = spark_side.active_session() or registry.embedded_spark(None, {})
@@ -375,12 +375,12 @@ class TrainingSession:
         """Retire the session cluster inside ``spark.stop()``, before Spark
         ends the tasks under its nodes (a run's workers would report their
         nodes lost, to the driver's console)."""
-        from raydist.engine.sides import side_of
+        from raydist.engine.spark.sides import side_of
 
         side_of(spark).on_stop(self._spark_stopping)
 
     def _spark_stopping(self, spark: Any) -> None:
-        from raydist.engine.sides import side_of
+        from raydist.engine.spark.sides import side_of
 
         held = self._held
         if held is not None and side_of(held.cluster.spark).same_session(spark):
@@ -389,7 +389,7 @@ class TrainingSession:
     def _reap(self, held: _Held) -> None:
         """The reaper of one session cluster: retires it when the rules say
         so, and ends with it."""
-        from raydist.engine import spark as spark_side
+        from raydist.engine.spark import session as spark_side
 
         cluster = held.cluster
         # Connect shows a client only its own queries' waiting tasks, never
@@ -522,8 +522,8 @@ def spark_task_resources() -> tuple[int, int]:
     ``spark.task.cpus`` and ``spark.task.resource.gpu.amount`` say: what
     pyspark's distributors give each task of a run. Unset (or no session
     yet): one CPU, one GPU. A fractional GPU amount counts as one."""
-    from raydist.engine import spark as spark_side
-    from raydist.engine.sides import side_of
+    from raydist.engine.spark import session as spark_side
+    from raydist.engine.spark.sides import side_of
 
     spark = spark_side.active_session()
 
@@ -545,8 +545,8 @@ def driver_gpus() -> list[str] | None:
     (mapped through its own ``CUDA_VISIBLE_DEVICES``, as pyspark's
     ``_get_gpus_owned`` does); None where there is no such session or it
     has no GPU resource (a Spark Connect client sees only its own devices)."""
-    from raydist.engine import spark as spark_side
     from raydist.engine.sizing import visible_gpus
+    from raydist.engine.spark import session as spark_side
 
     spark = spark_side.active_session()
     if spark is None or is_connect(spark):

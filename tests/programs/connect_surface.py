@@ -136,7 +136,7 @@ if not ORIGINAL:
 spark.stop()
 time.sleep(1)
 if not ORIGINAL:
-    from raydist.engine.procs import ray_processes
+    from raydist.engine.node.procs import ray_processes
 
     out["session_cluster_after_stop"] = session.cluster.name if session.cluster else None
     out["ray_processes_after_stop"] = [p.name() for p in ray_processes() if p.create_time() >= STARTED]

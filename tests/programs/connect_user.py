@@ -11,7 +11,7 @@ import ray
 from pyspark.sql import SparkSession
 
 import raydist
-from raydist.engine.procs import ray_processes
+from raydist.engine.node.procs import ray_processes
 
 url = sys.argv[1]
 spark = SparkSession.builder.remote(url).getOrCreate()

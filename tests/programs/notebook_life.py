@@ -243,7 +243,7 @@ distributor = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
 out["run7"], out["run7_s"] = timed(distributor.run, train, 0.1)
 spark.stop()
 if not ORIGINAL:
-    from raydist.engine.procs import ray_processes
+    from raydist.engine.node.procs import ray_processes
 
     time.sleep(1)
     out["ray_processes_after_stop"] = [p.name() for p in ray_processes()]

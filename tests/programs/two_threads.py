@@ -125,7 +125,7 @@ out["session_clusters"] = clusters
 spark.stop()
 time.sleep(1)
 
-from raydist.engine.procs import ray_processes  # noqa: E402
+from raydist.engine.node.procs import ray_processes  # noqa: E402
 
 out["reapers_after_stop"] = [t.name for t in threading.enumerate() if "reaper" in t.name]
 out["ray_processes_after_stop"] = [p.name() for p in ray_processes()]

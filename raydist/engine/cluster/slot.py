@@ -1,6 +1,6 @@
 """One worker node's place in a cluster, across restarts, and the pool of them.
 
-What keeps a slot's Spark job running is :mod:`raydist.engine.spark_jobs`;
+What keeps a slot's Spark job running is :mod:`raydist.engine.cluster.node_jobs`;
 what a slot's link events mean for it is :meth:`WorkerSlot.on_link`.
 """
 
@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from raydist.engine.nodelink import NodeLink
+from raydist.engine.link.nodelink import NodeLink
 from raydist.spec import NodeStatus
 
 __all__ = ["NodeCounters", "WorkerPool", "WorkerSlot", "first_error_line"]

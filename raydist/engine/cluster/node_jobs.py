@@ -15,7 +15,7 @@ cluster's lock: the cluster asks (:meth:`WorkerJobs.start`,
 group, so teardown is one cancel; each slot's jobs also carry a tag of their
 own, so a slot the cluster no longer wants is cancelled alone, even while its
 job still waits for a free task slot. The session's kind (classic or Connect)
-is :mod:`raydist.engine.sparkside`'s business.
+is :mod:`raydist.engine.spark.side`'s business.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from raydist.engine.launch import NodePlan, run_worker_node, warm_executor
-from raydist.engine.sides import side_of
-from raydist.engine.slot import WorkerSlot, first_error_line
-from raydist.engine.sparkside import SparkJob, SparkSide
+from raydist.engine.cluster.slot import WorkerSlot, first_error_line
+from raydist.engine.node.launch import NodePlan, run_worker_node, warm_executor
+from raydist.engine.spark.side import SparkJob, SparkSide
+from raydist.engine.spark.sides import side_of
 
 __all__ = ["HEALTHY_RUN_S", "MAX_BACKOFF_S", "WorkerJobs", "backoff_s"]
 

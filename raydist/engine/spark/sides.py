@@ -1,6 +1,6 @@
-"""Which :class:`~raydist.engine.sparkside.SparkSide` a SparkSession gets.
+"""Which :class:`~raydist.engine.spark.side.SparkSide` a SparkSession gets.
 
-The base interface (:mod:`raydist.engine.sparkside`) knows no implementation;
+The base interface (:mod:`raydist.engine.spark.side`) knows no implementation;
 this module knows them all (classic, Connect) and picks by the session's
 type, one side per session. A session object may also bring its own side (a
 ``raydist_side()`` method): how the scale benchmark runs the real engine on
@@ -13,9 +13,9 @@ import threading
 import weakref
 from typing import Any
 
-from raydist.engine.spark_classic import ClassicSide
-from raydist.engine.spark_connect import ConnectSide
-from raydist.engine.sparkside import SparkSide, is_connect
+from raydist.engine.spark.classic import ClassicSide
+from raydist.engine.spark.connect import ConnectSide
+from raydist.engine.spark.side import SparkSide, is_connect
 
 __all__ = ["side_of"]
 

@@ -1,6 +1,6 @@
 """What a cluster's Ray wants and which nodes sit idle, read where the token is.
 
-``python -m raydist.engine.demand GCS_ADDRESS INTERVAL_S`` runs beside the head
+``python -m raydist.engine.node.demand GCS_ADDRESS INTERVAL_S`` runs beside the head
 of an elastic cluster, started by the head's supervisor (so it has the
 cluster's own Ray token, which the driver may not: Ray allows one token per
 process, and a control plane runs clusters of many). Every ``INTERVAL_S`` it
@@ -17,7 +17,7 @@ the supervisor), with how long. Only what the driver uses is sent, and a
 reading too big for one line of the link (thousands of idle nodes) is spread
 over ``parts`` lines of at most :data:`LINE_BUDGET` bytes, which the driver
 puts back together (:class:`DemandParts`). The supervisor forwards each line
-to the driver over the node link; :mod:`raydist.engine.scaler` decides.
+to the driver over the node link; :mod:`raydist.engine.cluster.scaler` decides.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ through py4j) or a Spark Connect client (``SparkSession.builder.remote(...)``:
 no SparkContext, no JVM here, only the DataFrame API over gRPC). The engine
 needs the same few things from both: run a few long tasks with given
 resources, cancel them by label, read settings and executors, and see
-whether other Spark work waits for task slots. :func:`raydist.engine.sides.side_of`
+whether other Spark work waits for task slots. :func:`raydist.engine.spark.sides.side_of`
 picks the implementation from the session itself, so the rest of the engine
 never asks which kind it holds.
 """

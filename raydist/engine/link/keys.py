@@ -29,7 +29,7 @@ change one, drop one unnoticed, nor replay one on this or another
 connection. Nothing secret crosses the link (the Ray token rides in the
 node's plan, in its Spark task), so the frames are signed, not encrypted.
 
-The head's relay (:mod:`raydist.engine.relay`) admits the driver's dial-outs
+The head's relay (:mod:`raydist.engine.link.relay`) admits the driver's dial-outs
 with a key derived from the head's key, by a challenge of its own.
 """
 
@@ -43,7 +43,7 @@ import socket
 import threading
 from typing import Any
 
-from raydist.engine.wire import HANDSHAKE_S, LineReader, LinkBroken, LinkClosed, LinkRefused, encode
+from raydist.engine.link.wire import HANDSHAKE_S, LineReader, LinkBroken, LinkClosed, LinkRefused, encode
 
 __all__ = ["BadFrame", "Frames", "NodeKeys", "driver_proof", "fresh_nonce", "node_proof", "proven", "relay_key",
            "relay_proof", "say_hello"]
@@ -125,7 +125,7 @@ class Frames:
         return hmac.new(key, count.to_bytes(8, "big") + line, hashlib.sha256).hexdigest()[:_FRAME_MAC_HEX].encode()
 
     def seal(self, encoded: bytes) -> bytes:
-        """``encoded`` (one message as :func:`~raydist.engine.wire.encode`
+        """``encoded`` (one message as :func:`~raydist.engine.link.wire.encode`
         gives it) as this connection's next frame."""
         line = encoded[:-1] if encoded.endswith(b"\n") else encoded
         mac = self._mac(self._send_key, self._sent, line)

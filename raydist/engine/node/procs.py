@@ -15,7 +15,7 @@ RAY_MARKERS = (
     "raylet",
     "gcs_server",
     "ray::",
-    "raydist.engine.supervisor",
+    "raydist.engine.node.supervisor",
     "ray/dashboard",
     "ray.util.client.server",
     "ray/_private/log_monitor",

@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from raydist.engine.ports import resolve_host
-from raydist.engine.sparkside import SparkJob, SparkSide, TaskBody, _wrap_stop
+from raydist.engine.spark.side import SparkJob, SparkSide, TaskBody, _wrap_stop
 
 __all__ = ["ClassicSide"]
 

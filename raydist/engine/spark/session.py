@@ -1,7 +1,7 @@
 """The Spark side: an embedded SparkSession, executor capacity, resource profiles.
 
 What differs between a classic and a Spark Connect session sits behind
-:mod:`raydist.engine.sparkside`; this module holds what is the same for both.
+:mod:`raydist.engine.spark.side`; this module holds what is the same for both.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from raydist.engine.sides import side_of
 from raydist.engine.sizing import embedded_master, local_cluster_shape, memory_limit
+from raydist.engine.spark.sides import side_of
 from raydist.errors import CapacityError
 from raydist.spec import ClusterSpec, parse_size
 

@@ -1,5 +1,5 @@
 """What the driver knows of one node's supervisor over the node link
-(:mod:`raydist.engine.channel` keeps one per node key), and the commands
+(:mod:`raydist.engine.link.channel` keeps one per node key), and the commands
 it sends that node."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from raydist.engine.link.wire import encode
 from raydist.engine.nodelogs import NODE_BYTES, LogFile
-from raydist.engine.wire import encode
 
 __all__ = ["LOG_TAIL_LINES", "LogRequest", "NodeLink"]
 

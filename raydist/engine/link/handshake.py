@@ -4,14 +4,14 @@ proving them, until each is a link or closed.
 A connection says ``hello`` (its node key and a fresh nonce), gets a
 ``challenge`` (the driver's nonce and a proof that the driver knows the
 key), and answers with its own ``proof``; only then is it a link
-(:mod:`raydist.engine.linkauth` says what the proofs are). Every step is
+(:mod:`raydist.engine.link.keys` says what the proofs are). Every step is
 bounded: at most :data:`HELLO_MAX` bytes a line, the whole handshake within
 its deadline, at most :data:`MAX_PENDING` connections saying hello at once and
 :data:`MAX_PENDING_PER_SOURCE` from one address, so that strangers cannot hold
 every place or push out a node that is saying hello. Out of file
 descriptors, accepting pauses (backing off) rather than spinning on a
 listener that stays readable. It runs on the channel's selector thread
-(:mod:`raydist.engine.channel`), never blocking it.
+(:mod:`raydist.engine.link.channel`), never blocking it.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from raydist.engine.linkauth import Frames, NodeKeys, driver_proof, fresh_nonce, node_proof, proven
-from raydist.engine.wire import encode
+from raydist.engine.link.keys import Frames, NodeKeys, driver_proof, fresh_nonce, node_proof, proven
+from raydist.engine.link.wire import encode
 
 __all__ = ["HELLO_MAX", "MAX_PENDING", "MAX_PENDING_PER_SOURCE", "Handshakes", "listen"]
 
-log = logging.getLogger("raydist.engine.channel")
+log = logging.getLogger("raydist.engine.link.channel")
 
 #: Longest hello (or proof) accepted from a connection that has not authenticated yet.
 HELLO_MAX = 4096

@@ -10,7 +10,7 @@ channel, and the driver reaches the relay only by dialling out
 * the driver holds one *control* connection to the relay; for each
   supervisor that connects, the relay says ``dial`` with a fresh id;
 * the driver opens a *pair* connection naming that id, and the relay joins
-  the two byte streams; the driver's :class:`~raydist.engine.channel.NodeChannel`
+  the two byte streams; the driver's :class:`~raydist.engine.link.channel.NodeChannel`
   adopts the pair connection as if it had accepted the supervisor itself.
 
 The link protocol (the handshake, heartbeats, resume, stop) passes through
@@ -18,9 +18,9 @@ unchanged and is checked end to end by the driver and each supervisor; the
 relay checks only that control and pair connections come from the driver:
 the control connection answers a fresh challenge, and a pair connection
 proves its one-time id, each with a MAC under the relay's key
-(:func:`raydist.engine.linkauth.relay_key`, derived from the head's key).
+(:func:`raydist.engine.link.keys.relay_key`, derived from the head's key).
 After its challenge, every line on the control connection, both ways, is a
-sealed frame (:class:`~raydist.engine.linkauth.Frames`, keyed by the relay's
+sealed frame (:class:`~raydist.engine.link.keys.Frames`, keyed by the relay's
 key and both ends' nonces): a host on the path can neither make the driver
 dial (nor stop it dialling) nor pass for either end. An end that closes its side is
 passed on as a close, an end that breaks as a reset, so the driver and the
@@ -39,8 +39,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from raydist.engine.linkauth import Frames, fresh_nonce, proven, relay_proof
-from raydist.engine.wire import HANDSHAKE_S, HEARTBEAT_S, IDLE_S, LineReader, LinkBroken, enable_keepalive, encode
+from raydist.engine.link.keys import Frames, fresh_nonce, proven, relay_proof
+from raydist.engine.link.wire import HANDSHAKE_S, HEARTBEAT_S, IDLE_S, LineReader, LinkBroken, enable_keepalive, encode
 
 __all__ = ["LinkRelay", "RelayDialer"]
 

@@ -101,7 +101,7 @@ class LineReader:
         self._sock = sock
         self._buf = bytearray(initial)
         self._idle_s = idle_s
-        #: The connection's :class:`~raydist.engine.linkauth.Frames` once its
+        #: The connection's :class:`~raydist.engine.link.keys.Frames` once its
         #: handshake is over: every line must then be a sealed frame.
         self._frames = frames
         #: For the line right after the node's proof: the driver's refusal

@@ -1,6 +1,6 @@
 """How many worker nodes a cluster runs: by request, or following Ray's demand.
 
-Ray reports what it cannot place (:mod:`raydist.engine.demand`); :func:`decide`
+Ray reports what it cannot place (:mod:`raydist.engine.node.demand`); :func:`decide`
 turns that, and how long each node has been idle, into a number of worker
 nodes and the reason for it (pure rules: no Spark, Ray or clock), and
 :class:`Scaler` applies a number to a cluster's :class:`WorkerPool`.
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from raydist.engine.slot import WorkerPool, WorkerSlot
+    from raydist.engine.cluster.slot import WorkerPool, WorkerSlot
     from raydist.spec import ClusterSpec
 
 __all__ = ["Decision", "Scaler", "decide", "elastic", "nodes_for"]

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from raydist.engine.sizing import local_cluster_shape
-from raydist.engine.sparkside import AnnouncingBody, SparkSide, TaskBody, _wrap_stop, missing_raydist
+from raydist.engine.spark.side import AnnouncingBody, SparkSide, TaskBody, _wrap_stop, missing_raydist
 from raydist.engine.threads import on_raydist_thread
 from raydist.errors import ClusterFailedError
 

@@ -1,6 +1,6 @@
 """Ray's ``ray start``, loaded before its command line is known.
 
-``python -m raydist.engine.raystart`` imports Ray's command line (about a
+``python -m raydist.engine.node.raystart`` imports Ray's command line (about a
 second and a half of CPU), then reads one JSON line from stdin: the node's
 command line. A supervisor starts it at once and sends the command when the
 node may start (a worker waits for its head's GCS to listen), so the import

@@ -23,17 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from raydist.engine.linkauth import relay_key
+from raydist.engine.link.keys import relay_key
+from raydist.engine.link.relay import LinkRelay
+from raydist.engine.link.wire import HEAD_FROM_LINK
+from raydist.engine.node.procs import SCOPE_VARIABLE
+from raydist.engine.node.reaper import KILL_GRACE_S
 from raydist.engine.ports import preferred_or_free_port
-from raydist.engine.procs import SCOPE_VARIABLE
-from raydist.engine.reaper import KILL_GRACE_S
-from raydist.engine.relay import LinkRelay
 from raydist.engine.sizing import memory_limit, node_size, visible_gpus
-from raydist.engine.wire import HEAD_FROM_LINK
 from raydist.paths import private_dir
 
 if TYPE_CHECKING:
-    from raydist.engine.spark import SparkCapacity
+    from raydist.engine.spark.session import SparkCapacity
     from raydist.spec import ClusterSpec
 
 __all__ = ["HEAD_KEY", "HEAD_PORTS", "NodePlan", "node_plans", "spawn_supervisor", "run_worker_node", "run_head_node",
@@ -53,7 +53,7 @@ HEAD_PORTS = ("gcs", "dashboard", "client")
 class NodePlan:
     """Everything a supervisor needs to run one node; pickled into Spark tasks.
 
-    ``link_secret`` is this node's own link key (:mod:`raydist.engine.linkauth`),
+    ``link_secret`` is this node's own link key (:mod:`raydist.engine.link.keys`),
     never the cluster's; ``secret_env`` holds the Ray token. The repr hides both.
     """
 
@@ -78,7 +78,7 @@ class NodePlan:
     deadline_s: float = 180.0
     dashboard: bool = False
     demand_s: float = 0.0  # the head reports Ray's demand this often (elastic clusters)
-    #: The head's task hosts the node links (:mod:`raydist.engine.relay`):
+    #: The head's task hosts the node links (:mod:`raydist.engine.link.relay`):
     #: ``channel`` only names the host whose route picks the head's address.
     relay: bool = False
 
@@ -263,7 +263,7 @@ def spawn_supervisor(plan: NodePlan, *, argv: list[str], node_ip: str, env: Mapp
     # the driver's teardown waits for every local process that names it, the
     # supervisors as well as their Ray processes.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "raydist.engine.supervisor", *([plan.temp_dir] if plan.temp_dir else [])],
+        [sys.executable, "-m", "raydist.engine.node.supervisor", *([plan.temp_dir] if plan.temp_dir else [])],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -338,7 +338,7 @@ def run_head_node(plan: NodePlan, announce: Callable[[str], None] | None = None)
     host, else free ones. Its ``started`` report carries the ports it got.
 
     With ``plan.relay`` the node links end here: the task runs the
-    cluster's :class:`~raydist.engine.relay.LinkRelay` for as long as the
+    cluster's :class:`~raydist.engine.link.relay.LinkRelay` for as long as the
     head lives and ``announce`` tells the driver where it and the GCS listen."""
     node_ip = route_ip(plan.channel[0])
     taken: set[int] = set()

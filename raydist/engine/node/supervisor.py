@@ -1,4 +1,4 @@
-"""The process that owns one Ray node: ``python -m raydist.engine.supervisor``.
+"""The process that owns one Ray node: ``python -m raydist.engine.node.supervisor``.
 
 Why a separate process: a Spark task's Python worker can die by SIGKILL (task
 killed, executor lost), and then nothing in it runs. The supervisor is started
@@ -9,7 +9,7 @@ and tears the whole tree down when any of these happens:
 * a watched process dies (the Spark task's Python worker, the executor JVM, or
   the driver for the head node);
 * the driver says ``stop``, or the link to the driver stays broken past the
-  reconnect grace window (see :mod:`raydist.engine.wire`);
+  reconnect grace window (see :mod:`raydist.engine.link.wire`);
 * it receives SIGTERM/SIGINT;
 * ``ray start`` exits on its own (the node crashed).
 
@@ -18,7 +18,7 @@ If the supervisor itself is SIGKILLed, ``ray start`` dies with it
 forked sentinel kills whatever is left in the supervisor's session and removes
 the node's temp dir (:func:`start_sentinel`).
 
-It reports over the link (see :mod:`raydist.engine.channel`) and exits only
+It reports over the link (see :mod:`raydist.engine.link.channel`) and exits only
 when every descendant is gone. Configuration arrives as one JSON object on
 stdin, so no secret ever appears on a command line.
 """
@@ -42,21 +42,9 @@ from typing import Any
 
 import psutil
 
-from raydist.engine import dashboard
-from raydist.engine.linkauth import say_hello
-from raydist.engine.nodelink import LOG_TAIL_LINES
-from raydist.engine.nodelogs import NODE_BYTES, chunks, last_words, read_logs
-from raydist.engine.ports import free_port, wait_for_port
-from raydist.engine.reaper import (
-    KILL_GRACE_S,
-    become_subreaper,
-    core_died,
-    die_with_parent,
-    kill_descendants,
-    start_sentinel,
-    watched_alive,
-)
-from raydist.engine.wire import (
+from raydist.engine.link.keys import say_hello
+from raydist.engine.link.nodelink import LOG_TAIL_LINES
+from raydist.engine.link.wire import (
     HANDSHAKE_S,
     HEAD_FROM_LINK,
     HEARTBEAT_S,
@@ -69,6 +57,18 @@ from raydist.engine.wire import (
     enable_keepalive,
     encode,
 )
+from raydist.engine.node import dashboard
+from raydist.engine.node.reaper import (
+    KILL_GRACE_S,
+    become_subreaper,
+    core_died,
+    die_with_parent,
+    kill_descendants,
+    start_sentinel,
+    watched_alive,
+)
+from raydist.engine.nodelogs import NODE_BYTES, chunks, last_words, read_logs
+from raydist.engine.ports import free_port, wait_for_port
 from raydist.paths import open_private_log
 
 _POLL_S = 0.2
@@ -302,12 +302,12 @@ class Supervisor:
                     threading.Thread(target=self._report_demand, daemon=True).start()
 
     def _report_demand(self) -> None:
-        """Run :mod:`raydist.engine.demand` beside the head (a child: it goes
+        """Run :mod:`raydist.engine.node.demand` beside the head (a child: it goes
         with the node) and forward each reading to the driver."""
         port = next((a.split("=", 1)[1] for a in self.argv_used if a.startswith("--port=")), "")
         gcs = f"{self.cfg.get('node_ip') or '127.0.0.1'}:{port}"
         env = {**os.environ, **self.cfg.get("env", {})}
-        proc = subprocess.Popen([sys.executable, "-m", "raydist.engine.demand", gcs, str(self.cfg["demand_s"])],
+        proc = subprocess.Popen([sys.executable, "-m", "raydist.engine.node.demand", gcs, str(self.cfg["demand_s"])],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 text=True, env=env, preexec_fn=die_with_parent)
         assert proc.stdout is not None
@@ -334,13 +334,13 @@ class Supervisor:
     def _load_ray(self) -> None:
         """Start the node's ``ray start`` process now, loading Ray's command
         line while the link connects and the head comes up
-        (:mod:`raydist.engine.raystart`); :meth:`_start_ray` tells it to go."""
+        (:mod:`raydist.engine.node.raystart`); :meth:`_start_ray` tells it to go."""
         env = dict(os.environ)
         env.update(self.cfg.get("env", {}))
         log_path = self.cfg.get("log_path")
         self.log_file = open_private_log(log_path) if log_path else None
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "raydist.engine.raystart"],
+            [sys.executable, "-m", "raydist.engine.node.raystart"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

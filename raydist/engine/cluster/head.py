@@ -22,10 +22,10 @@ from typing import Any
 
 import psutil
 
-from raydist.engine.launch import HEAD_KEY, NodePlan, run_head_node, start_head
-from raydist.engine.nodelink import NodeLink
-from raydist.engine.sides import side_of
-from raydist.engine.slot import first_error_line
+from raydist.engine.cluster.slot import first_error_line
+from raydist.engine.link.nodelink import NodeLink
+from raydist.engine.node.launch import HEAD_KEY, NodePlan, run_head_node, start_head
+from raydist.engine.spark.sides import side_of
 from raydist.spec import NodeStatus
 
 __all__ = ["Head"]
@@ -38,7 +38,7 @@ class Head:
 
     def __init__(self, in_task: bool, relay: bool = False) -> None:
         self.in_task = in_task or relay
-        #: The node links end in the head's task (:mod:`raydist.engine.relay`).
+        #: The node links end in the head's task (:mod:`raydist.engine.link.relay`).
         self.relay = relay
         #: Where the head's relay and its GCS listen ("host:port"), once its task said so.
         self.relay_address = ""

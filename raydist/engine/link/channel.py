@@ -5,14 +5,14 @@ task) runs under a supervisor process that holds one TCP connection to this
 channel on the driver. The connection is the cluster's nervous system:
 
 * a supervisor says ``hello`` and the two ends prove its node key to each
-  other (:mod:`raydist.engine.linkauth`); it gets ``welcome``, streams the
+  other (:mod:`raydist.engine.link.keys`); it gets ``welcome``, streams the
   output of ``ray start``, says ``started`` once its node is up, and
   ``stopped`` once every process of its node is gone;
 * the driver says ``stop`` to tear a node down at once, without waiting for
   Spark to kill the task;
 * both ends hear from each other every few seconds (``ping``/``pong``). When
   the link breaks, the supervisor reconnects and *resumes* it; only if that
-  fails within the grace window (:data:`raydist.engine.wire.RECONNECT_GRACE_S`)
+  fails within the grace window (:data:`raydist.engine.link.wire.RECONNECT_GRACE_S`)
   does each side count the other gone: the driver marks the node lost, the
   supervisor kills its node (the driver died, so nothing may be left running).
 
@@ -24,7 +24,7 @@ that stops reading is dropped, not waited for), and listeners run on it, so
 they must not block either (the cluster's take its lock, which nothing holds
 across a Spark call or a socket send).
 
-Framing and bounds are in :mod:`raydist.engine.wire`. No secret crosses the
+Framing and bounds are in :mod:`raydist.engine.link.wire`. No secret crosses the
 link; proofs are compared in constant time and never logged.
 """
 
@@ -41,12 +41,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from raydist.engine.handshake import MAX_PENDING as _MAX_PENDING
-from raydist.engine.handshake import Handshakes, listen
-from raydist.engine.limits import raise_open_files
-from raydist.engine.linkauth import BadFrame, Frames, NodeKeys
-from raydist.engine.nodelink import LOG_TAIL_LINES, NodeLink
-from raydist.engine.wire import HANDSHAKE_S, IDLE_S, MAX_LINE, RECONNECT_GRACE_S, enable_keepalive
+from raydist.engine.link.handshake import MAX_PENDING as _MAX_PENDING
+from raydist.engine.link.handshake import Handshakes, listen
+from raydist.engine.link.keys import BadFrame, Frames, NodeKeys
+from raydist.engine.link.limits import raise_open_files
+from raydist.engine.link.nodelink import LOG_TAIL_LINES, NodeLink
+from raydist.engine.link.wire import HANDSHAKE_S, IDLE_S, MAX_LINE, RECONNECT_GRACE_S, enable_keepalive
 
 __all__ = ["NodeChannel", "NodeLink", "LOG_TAIL_LINES", "_MAX_PENDING"]
 
@@ -85,7 +85,7 @@ Listener = Callable[[str, NodeLink], None]
 class NodeChannel:
     """Driver-side server that every supervisor of one cluster connects to.
 
-    Handshakes are bounded (:mod:`raydist.engine.handshake`: short lines, all within
+    Handshakes are bounded (:mod:`raydist.engine.link.handshake`: short lines, all within
     ``handshake_s``); only a connection that proves a node key ``keys``
     issued becomes a link. A link that breaks without its node saying
     ``stopped`` is reported ``closed`` only if the supervisor does not resume
@@ -140,7 +140,7 @@ class NodeChannel:
 
     def adopt(self, conn: socket.socket, source: str = "relay:") -> None:
         """Take a connection this process dialled (to the cluster's relay,
-        :mod:`raydist.engine.relay`) as if the supervisor at its far end had
+        :mod:`raydist.engine.link.relay`) as if the supervisor at its far end had
         connected here: its hello is read and checked the same way, and
         counted against ``source`` (where the far end connected from) as a
         direct connection is against its address."""
