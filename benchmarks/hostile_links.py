@@ -172,7 +172,7 @@ class LinkAttackers:
                     frame[2] ^= 0x01
                     proxy.to_driver(bytes(frame))
                 elif way == "to-node-clear":
-                    proxy.to_node(encode({"cmd": "stop"}))
+                    proxy.to_node(encode({"type": "stop"}))
                 else:
                     proxy.to_node(first)
                 if way.startswith("to-driver"):

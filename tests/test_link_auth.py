@@ -133,7 +133,7 @@ def test_a_node_takes_no_word_from_a_driver_that_cannot_prove_its_key() -> None:
             heard.append(json.dumps(hello).encode())
             conn.sendall(encode({"type": "challenge", "nonce": os.urandom(16).hex(), "proof": "0" * 64}))
             conn.sendall(encode({"type": "welcome"}))
-            conn.sendall(encode({"cmd": "head", "address": "10.9.9.9:6379"}))
+            conn.sendall(encode({"type": "head", "address": "10.9.9.9:6379"}))
             try:
                 while chunk := conn.recv(4096):
                     heard.append(chunk)
@@ -222,7 +222,7 @@ def test_a_bad_frame_from_a_proven_node_ends_its_own_connection_not_the_channel(
             peer = _welcomed(ch, "w0", secret)
             request = ch.links()["w0"].ask_logs(max_bytes=10)
             asked = peer.read()
-            assert asked["cmd"] == "logs", asked
+            assert asked["type"] == "logs", asked
             peer.send({"type": "logs", "req": asked["req"], "name": "raylet.out", **reply})
             assert _ended(peer), reply
             request.forget()
@@ -272,8 +272,8 @@ def test_a_node_takes_no_unsealed_or_replayed_line_from_the_path() -> None:
     from raydist.engine.link.wire import LineReader, LinkBroken
 
     driver_frames = Frames.after_handshake("k" * 64, "a" * 32, "b" * 32, driver=True)
-    head = driver_frames.seal(encode({"cmd": "head", "address": "10.0.0.1:6379"}))
-    for on_the_wire in (encode({"cmd": "head", "address": "10.9.9.9:6379"}),  # injected, no MAC
+    head = driver_frames.seal(encode({"type": "head", "address": "10.0.0.1:6379"}))
+    for on_the_wire in (encode({"type": "head", "address": "10.9.9.9:6379"}),  # injected, no MAC
                         head.replace(b"10.0.0.1", b"10.9.9.9"),  # changed
                         head + head):  # the real one, then replayed
         ours, theirs = socket.socketpair()
@@ -282,7 +282,7 @@ def test_a_node_takes_no_unsealed_or_replayed_line_from_the_path() -> None:
                                                                               driver=False))
             theirs.sendall(on_the_wire)
             if on_the_wire.startswith(head):
-                assert reader.read() == {"cmd": "head", "address": "10.0.0.1:6379"}
+                assert reader.read() == {"type": "head", "address": "10.0.0.1:6379"}
             with pytest.raises(LinkBroken, match="MAC"):
                 reader.read()
 
@@ -327,7 +327,7 @@ def test_a_replaced_connection_is_told_to_stop_and_closed_even_if_it_keeps_pingi
                 heard.append(line)
         except OSError:
             pass
-        assert {"cmd": "stop"} in heard and len(heard) < 50, heard
+        assert {"type": "stop"} in heard and len(heard) < 50, heard
         fresh.send({"type": "ping"})
         assert fresh.read() == {"type": "pong"}  # the new one is the node's link
         assert ch.links()["w0"].incarnation != ""

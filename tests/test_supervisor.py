@@ -294,7 +294,7 @@ def test_a_handshake_the_node_gave_up_on_after_the_driver_took_it_costs_no_node(
         assert not ch.links()["w0"].closed.is_set()
         ch.links()["w0"].stop()  # what the driver says reaches the connection the node uses
         reader = LineReader(second, idle_s=5, initial=rest, frames=frames)
-        assert reader.read() == {"cmd": "stop"}
+        assert reader.read() == {"type": "stop"}
         second.close()  # a close that is not followed by a hello is the node's end, after a moment
         assert rec.wait("closed", timeout=15)
     finally:
@@ -516,7 +516,7 @@ def test_saying_something_to_a_node_that_stops_reading_never_blocks() -> None:
         say_hello(s, "w0", keys.issue("w0"), incarnation="a")
         assert rec.wait("hello")
         link = ch.links()["w0"]
-        big = {"cmd": "head", "address": "x" * 60_000}
+        big = {"type": "head", "address": "x" * 60_000}
         slowest = 0.0
         for _ in range(200):  # 12 MB to a peer that reads none of it
             t = time.monotonic()

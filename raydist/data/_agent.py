@@ -30,6 +30,8 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from raydist.engine.link.wire import read_line
+
 __all__ = ["BlockAgent", "send_partitions", "fetch_blocks", "AGENT_NAMESPACE"]
 
 AGENT_NAMESPACE = "raydist"
@@ -76,23 +78,9 @@ class _Prefixed:
 
 def _read_header(conn: socket.socket, deadline: float) -> tuple[bytes, bytes]:
     """The header line ``conn`` sends before ``deadline`` (monotonic), and
-    what came after it in the same reads. ValueError for a line too long;
+    what came after it in the same reads. LineTooLong for a line too long;
     TimeoutError when the deadline passes first, however the bytes trickle."""
-    buf = bytearray()
-    while (end := buf.find(b"\n")) < 0:
-        if len(buf) > _HEADER_MAX:
-            raise ValueError(f"a header longer than {_HEADER_MAX} bytes")
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"no header within {_HEADER_S:g} s")
-        conn.settimeout(left)
-        chunk = conn.recv(_HEADER_MAX + 1 - len(buf))
-        if not chunk:
-            raise ConnectionError("closed before its header")
-        buf += chunk
-    if end > _HEADER_MAX:
-        raise ValueError(f"a header longer than {_HEADER_MAX} bytes")
-    return bytes(buf[:end]), bytes(buf[end + 1:])
+    return read_line(conn, deadline, limit=_HEADER_MAX)
 
 
 def _proof(secret: str, nonce: str, job: str, what: str) -> str:

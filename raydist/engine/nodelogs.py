@@ -13,13 +13,12 @@ limit (:data:`raydist.engine.link.wire.MAX_LINE`).
 
 from __future__ import annotations
 
-import base64
 import logging
 import os
 import re
 import shutil
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CHUNK", "KEEP_BYTES", "NODE_BYTES", "LogFile", "KeptFile", "check_grep", "chunks", "collect",
+__all__ = ["CHUNK", "KEEP_BYTES", "NODE_BYTES", "LogFile", "KeptFile", "check_grep", "collect",
            "grep_lines", "keep", "keep_run", "kept_runs", "last_words", "pick", "read_kept", "read_logs"]
 
 #: Raw bytes per link message (base64 makes them 4/3 as many characters).
@@ -109,15 +108,6 @@ def read_logs(temp_dir: str, *, max_bytes: int = NODE_BYTES, name: str = "", off
             continue
         out.append((path.name, size, data))
     return out
-
-
-def chunks(req: str, files: list[LogFile]) -> Iterator[dict[str, Any]]:
-    """Link messages for ``files``, answering request ``req``; the last says done."""
-    for name, size, data in files:
-        for at in range(0, max(len(data), 1), CHUNK):
-            yield {"type": "logs", "req": req, "name": name, "size": size,
-                   "data": base64.b64encode(data[at:at + CHUNK]).decode()}
-    yield {"type": "logs", "req": req, "done": True}
 
 
 def keep(root: Path, cluster: str, by_node: Mapping[str, list[LogFile]], *, limit: int = KEEP_BYTES) -> Path:

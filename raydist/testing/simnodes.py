@@ -33,9 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from raydist.engine.link import messages
 from raydist.engine.link.keys import say_hello
-from raydist.engine.link.wire import HEARTBEAT_S, LinkBroken, encode
-from raydist.engine.nodelogs import chunks
+from raydist.engine.link.wire import HEARTBEAT_S, Lines, LinkBroken, encode
 
 log = logging.getLogger("raydist.simnodes")
 
@@ -59,7 +59,7 @@ class _Node:
     index: int
     sock: socket.socket | None = None
     frames: Any = None  # the link's sealed frames (engine.linkauth.Frames)
-    buf: bytearray = field(default_factory=bytearray)
+    lines: Lines = field(default_factory=Lines)
     started_at: float = 0.0
     started: bool = False
     next_ping: float = 0.0
@@ -80,7 +80,7 @@ class Simulator:
         self.count = 0
         self.wake_r, self.wake_w = socket.socketpair()
         self.wake_r.setblocking(False)
-        self.cbuf = bytearray()
+        self.orders = Lines()
 
     def run(self) -> None:
         self.sel.register(self.control, selectors.EVENT_READ, "control")
@@ -106,7 +106,7 @@ class Simulator:
                 sock.setblocking(False)
                 node.sock = sock
                 node.frames = frames
-                node.buf += rest
+                node.lines.feed(rest)
                 node.started_at = time.monotonic() + random.uniform(*START_S)
                 node.next_ping = time.monotonic() + HEARTBEAT_S
                 self.sel.register(sock, selectors.EVENT_READ, node)
@@ -119,10 +119,10 @@ class Simulator:
                     info: dict[str, Any] = {"cpus": 1, "gpus": 0, "gpu_ids": [], "node_id": secrets.token_hex(28)}
                     if node.head:
                         info["ports"] = {"gcs": 6379, "client": 10001, "dashboard": 8265}
-                    self._send(node, {"type": "started", "node_ip": source_address(node.index), "info": info})
+                    self._send(node, messages.started(source_address(node.index), info))
                 if now >= node.next_ping:
                     node.next_ping = now + HEARTBEAT_S
-                    self._send(node, {"type": "ping"})
+                    self._send(node, messages.ping())
 
     # orders -----------------------------------------------------------------
 
@@ -133,10 +133,9 @@ class Simulator:
             return True
         if not chunk:
             return False  # the driver went: so do its nodes
-        self.cbuf += chunk
-        while (end := self.cbuf.find(b"\n")) >= 0:
-            order = json.loads(bytes(self.cbuf[:end]))
-            del self.cbuf[: end + 1]
+        self.orders.feed(chunk)
+        while (line := self.orders.next()) is not None:
+            order = json.loads(line)
             if order["op"] == "start":
                 node = _Node(order["job"], order["key"], bool(order["head"]), order["group"], order["tag"],
                              self.count)
@@ -187,17 +186,16 @@ class Simulator:
         if not chunk:
             self._end(node, "the driver closed the node's link")
             return
-        node.buf += chunk
-        while (end := node.buf.find(b"\n")) >= 0:
-            msg = json.loads(node.frames.open(bytes(node.buf[:end])))
-            del node.buf[: end + 1]
-            if msg.get("cmd") == "stop":
-                self._send(node, {"type": "stopped", "code": 0, "reason": "stopped by the driver", "log_tail": []})
+        node.lines.feed(chunk)
+        while (line := node.lines.next()) is not None:
+            msg = json.loads(node.frames.open(line))
+            if messages.kind(msg) == "stop":
+                self._send(node, messages.stopped(0, "stopped by the driver"))
                 self._end(node, "")
                 return
-            if msg.get("cmd") == "logs":
+            if messages.kind(msg) == "logs":
                 files = [("raylet.out", len(_LOG), _LOG[-int(msg.get("max_bytes") or len(_LOG)):])]
-                for each in chunks(str(msg.get("req", "")), files):
+                for each in messages.logs_parts(str(msg.get("req", "")), files):
                     self._send(node, each)
 
     def _send(self, node: _Node, msg: dict[str, Any]) -> None:

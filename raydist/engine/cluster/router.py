@@ -14,6 +14,7 @@ from typing import Any
 from raydist.engine.cluster.lifecycle import ClusterLifecycle
 from raydist.engine.cluster.slot import WorkerSlot
 from raydist.engine.cluster.states import fault_fails
+from raydist.engine.link import messages
 from raydist.engine.link.channel import NodeLink
 from raydist.engine.node.launch import HEAD_KEY
 from raydist.engine.spark import session as spark_side
@@ -37,7 +38,7 @@ class LinkRouter(ClusterLifecycle):
                 return
             if event in ("hello", "resumed") and self._head.in_task and self._head.up:
                 # Said again on a resumed link: it may have been lost with the old connection.
-                link.tell({"cmd": "head", "address": self.address})
+                link.tell(messages.head(self.address))
             change = slot.on_link(event, link, stopping=self._stopping.is_set() or slot.retired.is_set())
             if change is not None:
                 record, lost = change
@@ -59,7 +60,7 @@ class LinkRouter(ClusterLifecycle):
                 self._set_addresses(link.node_ip, link.info.get("ports", {}))
                 for slot in self._pool.every():
                     if slot.link is not None:
-                        slot.link.tell({"cmd": "head", "address": self.address})
+                        slot.link.tell(messages.head(self.address))
             self._head.up = True
             self._record(f"head up at {self.address}" + (f" on {link.host}" if self._head.in_task else ""))
             self._refresh_state()

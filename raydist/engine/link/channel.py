@@ -30,7 +30,6 @@ link; proofs are compared in constant time and never logged.
 
 from __future__ import annotations
 
-import json
 import logging
 import selectors
 import socket
@@ -41,12 +40,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from raydist.engine.link import messages
 from raydist.engine.link.handshake import MAX_PENDING as _MAX_PENDING
 from raydist.engine.link.handshake import Handshakes, listen
 from raydist.engine.link.keys import BadFrame, Frames, NodeKeys
 from raydist.engine.link.limits import raise_open_files
 from raydist.engine.link.nodelink import LOG_TAIL_LINES, NodeLink
-from raydist.engine.link.wire import HANDSHAKE_S, IDLE_S, MAX_LINE, RECONNECT_GRACE_S, enable_keepalive
+from raydist.engine.link.wire import (
+    HANDSHAKE_S,
+    IDLE_S,
+    MAX_LINE,
+    RECONNECT_GRACE_S,
+    Lines,
+    LineTooLong,
+    enable_keepalive,
+    parse,
+)
 
 __all__ = ["NodeChannel", "NodeLink", "LOG_TAIL_LINES", "_MAX_PENDING"]
 
@@ -72,7 +81,7 @@ class _Conn:
     sock: socket.socket
     heard: float
     frames: Frames  # this connection's sealed frames, both ways
-    buf: bytearray = field(default_factory=bytearray)
+    lines: Lines = field(default_factory=Lines)
     out: bytearray = field(default_factory=bytearray)
     writing: bool = False
 
@@ -321,12 +330,12 @@ class NodeChannel:
                     self._links[key] = link
                     if old is not None and old._sock is not None:
                         replaced = old  # a resubmitted node replaces a stale connection of the same slot
-            conn = _Conn(link, sock, time.monotonic(), frames, bytearray(rest))
+            conn = _Conn(link, sock, time.monotonic(), frames, Lines(rest))
             self._conns[sock] = conn
         self._sel.register(sock, selectors.EVENT_READ, conn)
         if stale is not None and stale is not sock and (gone := self._conns.get(stale)) is not None:
             self._drop(gone)  # the connection it resumed from, still open here
-        link.tell({"type": "welcome"})
+        link.tell(messages.welcome())
         if replaced is not None:
             # The stale connection hears why and is closed: a peer that goes
             # on pinging on it must not hold a connection (and its buffers)
@@ -350,7 +359,7 @@ class NodeChannel:
         elif hello.get("resume"):
             # The driver gave up on this node already (its grace ran out
             # here first, or the node was replaced): it must not come back.
-            link.tell({"cmd": "stop"})
+            link.tell(messages.stop())
             self._flush(conn)
             self._drop(conn)
             return
@@ -375,19 +384,19 @@ class NodeChannel:
             self._broken(conn, "its supervisor closed the link", by_peer=True)
             return
         conn.heard = time.monotonic()
-        conn.buf += chunk
+        conn.lines.feed(chunk)
         self._lines(conn)
 
     def _lines(self, conn: _Conn) -> None:
         while conn.sock in self._conns:
-            end = conn.buf.find(b"\n")
-            if end < 0:
-                if len(conn.buf) > MAX_LINE:
-                    log.debug("node %s: a line longer than %d bytes", conn.link.key, MAX_LINE)
-                    self._broken(conn, f"it sent a line longer than {MAX_LINE} bytes")
+            try:
+                line = conn.lines.next()
+            except LineTooLong:
+                log.debug("node %s: a line longer than %d bytes", conn.link.key, MAX_LINE)
+                self._broken(conn, f"it sent a line longer than {MAX_LINE} bytes")
                 return
-            line = bytes(conn.buf[:end])
-            del conn.buf[: end + 1]
+            if line is None:
+                return
             try:
                 line = conn.frames.open(line)
             except BadFrame:
@@ -395,25 +404,22 @@ class NodeChannel:
                             "way): closing its connection", conn.link.key)
                 self._broken(conn, "it sent a frame whose MAC does not hold")
                 return
-            try:
-                msg = json.loads(line)
-            except (ValueError, RecursionError):  # RecursionError: JSON nested past Python's stack
-                msg = None
-            if not isinstance(msg, dict):
+            msg = parse(line)
+            if msg is None:
                 self._broken(conn, "it sent a line that is not a JSON object")
                 return
             try:
                 self._handle(conn.link, msg)
             except Exception as exc:  # noqa: BLE001 - the one guard on what a peer sends: its connection ends
                 log.warning("node %s sent a %r frame raydist could not use (%s: %s): closing its connection",
-                            conn.link.key, str(msg.get("type", ""))[:32], type(exc).__name__, str(exc)[:200])
+                            conn.link.key, messages.kind(msg), type(exc).__name__, str(exc)[:200])
                 self._broken(conn, f"it sent a frame raydist could not use ({type(exc).__name__})")
                 return
 
     def _handle(self, link: NodeLink, msg: dict[str, Any]) -> None:
-        kind = msg.get("type")
+        kind = messages.kind(msg)
         if kind == "ping":
-            link.tell({"type": "pong"})
+            link.tell(messages.pong())
         elif kind == "log":
             link.log_tail.append(str(msg.get("line", "")))
             self._emit("log", link)

@@ -17,7 +17,6 @@ listener that stays readable. It runs on the channel's selector thread
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import re
 import selectors
@@ -27,8 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from raydist.engine.link import messages
 from raydist.engine.link.keys import Frames, NodeKeys, driver_proof, fresh_nonce, node_proof, proven
-from raydist.engine.link.wire import encode
+from raydist.engine.link.wire import Lines, LineTooLong, encode, parse
 
 __all__ = ["HELLO_MAX", "MAX_PENDING", "MAX_PENDING_PER_SOURCE", "Handshakes", "listen"]
 
@@ -77,7 +77,7 @@ class _Pending:
     """A connection in its handshake: read bytes, its deadline, and once it
     said hello, the hello, the node's secret and the challenge's nonce."""
 
-    buf: bytearray
+    lines: Lines
     deadline: float
     source: str | None
     hello: dict[str, Any] | None = None
@@ -151,7 +151,7 @@ class Handshakes:
             conn.close()  # full: refused, not one saying hello pushed out
             return
         conn.setblocking(False)
-        self._pending[conn] = _Pending(bytearray(), time.monotonic() + self._handshake_s, source)
+        self._pending[conn] = _Pending(Lines(limit=HELLO_MAX), time.monotonic() + self._handshake_s, source)
         self._sel.register(conn, selectors.EVENT_READ, self)
 
     def read(self, sock: socket.socket) -> None:
@@ -171,15 +171,15 @@ class Handshakes:
         if not chunk:
             self._forget(sock, close=True)
             return
-        state.buf += chunk
+        state.lines.feed(chunk)
         while True:  # every whole line in: a hello and its proof may come in one read
-            end = state.buf.find(b"\n")
-            if (end < 0 and len(state.buf) > HELLO_MAX) or end > HELLO_MAX:
+            try:
+                line = state.lines.next()
+            except LineTooLong:
                 self._forget(sock, close=True)
                 return
-            if end < 0:
+            if line is None:
                 return
-            line, state.buf = bytes(state.buf[:end]), state.buf[end + 1:]
             try:
                 done = self._step(sock, state, line)
             except Exception:  # noqa: BLE001 - one bad connection must not stop the others
@@ -192,7 +192,7 @@ class Handshakes:
                     assert state.hello is not None
                     frames = Frames.after_handshake(state.node_secret, str(state.hello["nonce"]), state.nonce,
                                                     driver=True)
-                    self._on_proven(sock, state.hello, bytes(state.buf), frames)
+                    self._on_proven(sock, state.hello, state.lines.rest(), frames)
                 return
 
     def close_all(self) -> None:
@@ -209,29 +209,25 @@ class Handshakes:
         """Take one line of ``conn``'s handshake: a hello (answered with the
         challenge) or the proof. True when the handshake is over, either way
         (``state.proven`` says which)."""
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            msg = None
-        if not isinstance(msg, dict):
+        msg = parse(line)
+        if msg is None:
             return self._refuse(conn, "that did not speak the link's protocol")
         if state.hello is None:
             key = str(msg.get("key", ""))
             node_secret = self._keys.secret_of(key) if _NODE_KEY.match(key) else None
-            if msg.get("type") != "hello" or not _NONCE.match(str(msg.get("nonce", ""))):
+            if messages.kind(msg) != "hello" or not _NONCE.match(str(msg.get("nonce", ""))):
                 return self._refuse(conn, "that did not say hello")
             if node_secret is None:
                 return self._refuse(conn, "with a node key the cluster never issued")
             state.hello, state.node_secret, state.nonce = msg, node_secret, fresh_nonce()
-            challenge = {"type": "challenge", "nonce": state.nonce,
-                         "proof": driver_proof(node_secret, msg, state.nonce)}
+            challenge = messages.challenge(state.nonce, driver_proof(node_secret, msg, state.nonce))
             try:
                 conn.send(encode(challenge))  # a few hundred bytes into an empty socket buffer
             except OSError:
                 conn.close()
                 return True
             return False
-        if msg.get("type") != "proof" or not proven(node_proof(state.node_secret, state.hello, state.nonce),
+        if messages.kind(msg) != "proof" or not proven(node_proof(state.node_secret, state.hello, state.nonce),
                                                      msg.get("proof")):
             return self._refuse(conn, f"that could not prove node key {state.hello.get('key')}")
         state.proven = True
@@ -247,7 +243,7 @@ class Handshakes:
             log.warning("refused a node connection %s%s", why, more)
             self._refused, self._refusal_logged = 0, now
         try:
-            conn.send(encode({"type": "refused"}))
+            conn.send(encode(messages.refused()))
         except OSError:
             pass
         conn.close()

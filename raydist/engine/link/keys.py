@@ -24,7 +24,7 @@ Every line after the proof, both ways, welcome included, is a sealed frame
 (:class:`Frames`): the JSON, a tab, and a MAC over the line and its place in
 the connection's stream, under a key of the connection's own (derived from
 the node's key and both nonces, one per direction). So a host on the path
-can neither inject a line (``{"cmd":"head","address":"evil:6379"}``, ``stop``),
+can neither inject a line (``{"type":"head","address":"evil:6379"}``, ``stop``),
 change one, drop one unnoticed, nor replay one on this or another
 connection. Nothing secret crosses the link (the Ray token rides in the
 node's plan, in its Spark task), so the frames are signed, not encrypted.
@@ -43,6 +43,7 @@ import socket
 import threading
 from typing import Any
 
+from raydist.engine.link import messages
 from raydist.engine.link.wire import HANDSHAKE_S, LineReader, LinkBroken, LinkClosed, LinkRefused, encode
 
 __all__ = ["BadFrame", "Frames", "NodeKeys", "driver_proof", "fresh_nonce", "node_proof", "proven", "relay_key",
@@ -184,19 +185,19 @@ def say_hello(sock: socket.socket, key: str, node_secret: str,
     already be in), and the connection's :class:`Frames`. Raises
     LinkRefused when the driver says no, and LinkBroken when the link breaks
     or the far end cannot prove the key (an impostor)."""
-    hello = {"type": "hello", "key": key, "nonce": fresh_nonce(), **who}
+    hello = messages.hello(key, fresh_nonce(), **who)
     sock.sendall(encode(hello))
     reader = LineReader(sock, idle_s=HANDSHAKE_S)
     try:
         challenge = reader.read()
-        if challenge.get("type") == "refused":
+        if messages.kind(challenge) == "refused":
             raise LinkRefused("the driver refused this node's hello")
         nonce = str(challenge.get("nonce", ""))
-        if challenge.get("type") != "challenge" or not proven(driver_proof(node_secret, hello, nonce),
+        if messages.kind(challenge) != "challenge" or not proven(driver_proof(node_secret, hello, nonce),
                                                                challenge.get("proof")):
             # An impostor, or this node's key is wrong: neither gets better with retries.
             raise LinkRefused("the far end of the link could not prove this node's key")
-        sock.sendall(encode({"type": "proof", "proof": node_proof(node_secret, hello, nonce)}))
+        sock.sendall(encode(messages.proof(node_proof(node_secret, hello, nonce))))
         frames = Frames.after_handshake(node_secret, hello["nonce"], nonce, driver=False)
         reader = LineReader(sock, idle_s=HANDSHAKE_S, initial=reader.rest(), frames=frames, refusal_in_clear=True)
         welcome = reader.read()
@@ -206,8 +207,8 @@ def say_hello(sock: socket.socket, key: str, node_secret: str,
         # Not a refusal: the driver's handshake timer may have fired on a
         # hello that a blip swallowed.
         raise LinkBroken("the driver closed the link during the handshake") from exc
-    if welcome.get("type") == "refused":
+    if messages.kind(welcome) == "refused":
         raise LinkRefused("the driver refused this node's proof")
-    if welcome.get("type") != "welcome":
+    if messages.kind(welcome) != "welcome":
         raise LinkBroken("the driver did not welcome this node")
     return hello, reader.rest(), frames

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from raydist.engine.link import messages
 from raydist.engine.link.wire import encode
 from raydist.engine.nodelogs import NODE_BYTES, LogFile
 
@@ -63,7 +64,7 @@ class NodeLink:
         """Ask the supervisor to tear its node down now; ``hard``: kill its
         Ray processes at once, without Ray's graceful stop (the whole
         cluster goes: nothing is left for a node to drain to)."""
-        self.tell({"cmd": "stop", "hard": True} if hard else {"cmd": "stop"})
+        self.tell(messages.stop(hard=hard))
 
     def fetch_logs(self, *, max_bytes: int = NODE_BYTES, name: str = "", offset: int = 0,
                    timeout: float = 10.0) -> list[LogFile]:
@@ -78,7 +79,7 @@ class NodeLink:
         with no thread each)."""
         req = LogRequest(self, secrets.token_hex(6), max_bytes)
         self._log_requests[req.id] = req.box
-        self.tell({"cmd": "logs", "req": req.id, "max_bytes": max_bytes, "name": name, "offset": offset})
+        self.tell(messages.logs(req.id, name=name, offset=offset, max_bytes=max_bytes))
         return req
 
     def switch_dashboard(self, *, stop: bool = False, timeout: float = 90.0) -> str:
@@ -90,7 +91,7 @@ class NodeLink:
         box: dict[str, Any] = {"done": threading.Event()}
         self._dashboard_requests[req] = box
         try:
-            self.tell({"cmd": "dashboard", "req": req, "stop": stop})
+            self.tell(messages.dashboard(req, stop=stop))
             if not box["done"].wait(timeout):
                 raise TimeoutError(f"node {self.key} did not switch Ray's dashboard within {timeout:g} s")
         finally:

@@ -30,7 +30,6 @@ gone; a reset or silence: wait for a resume).
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import socket
@@ -39,8 +38,19 @@ import threading
 import time
 from collections.abc import Callable
 
+from raydist.engine.link import messages
 from raydist.engine.link.keys import Frames, fresh_nonce, proven, relay_proof
-from raydist.engine.link.wire import HANDSHAKE_S, HEARTBEAT_S, IDLE_S, LineReader, LinkBroken, enable_keepalive, encode
+from raydist.engine.link.wire import (
+    HANDSHAKE_S,
+    HEARTBEAT_S,
+    IDLE_S,
+    LineReader,
+    LinkBroken,
+    enable_keepalive,
+    encode,
+    parse,
+    read_line,
+)
 
 __all__ = ["LinkRelay", "RelayDialer"]
 
@@ -67,21 +77,10 @@ def _reset(sock: socket.socket) -> None:
 def _first_line(sock: socket.socket, timeout: float, said: bytes = b"") -> tuple[bytes, bytes] | None:
     """The first line a new connection says within ``timeout`` (and what it
     sent past it), or None. ``said``: bytes already read from it."""
-    deadline = time.monotonic() + timeout
-    buf = bytearray(said)
-    while (end := buf.find(b"\n")) < 0:
-        left = deadline - time.monotonic()
-        if left <= 0 or len(buf) > _FIRST_MAX:
-            return None
-        sock.settimeout(left)
-        try:
-            chunk = sock.recv(_FIRST_MAX)
-        except OSError:
-            return None
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf[:end]), bytes(buf[end + 1:])
+    try:
+        return read_line(sock, time.monotonic() + timeout, limit=_FIRST_MAX, said=said)
+    except (LinkBroken, OSError):
+        return None
 
 
 class _Joint:
@@ -236,11 +235,8 @@ class LinkRelay:
             conn.close()
             return
         first, rest = said
-        try:
-            msg = json.loads(first)
-        except ValueError:
-            msg = None
-        kind = msg.get("type") if isinstance(msg, dict) else None
+        msg = parse(first)
+        kind = messages.kind(msg)
         if kind in ("relay-control", "relay-pair"):
             assert isinstance(msg, dict)
             proven_with = self._from_driver(conn, kind, msg, rest)
@@ -262,7 +258,7 @@ class LinkRelay:
             self._waiting[link_id] = (conn, first + b"\n" + rest, time.monotonic() + self._wait_s, source)
         # Its address goes with it: the driver counts each stranger's
         # handshakes by where they came from, as it does on a direct link.
-        self._tell({"type": "dial", "id": link_id, "source": source})
+        self._tell(messages.dial(link_id, source))
 
     def _from_driver(self, conn: socket.socket, kind: str, msg: dict[str, object],
                      rest: bytes) -> tuple[Frames | None, bytes] | None:
@@ -277,15 +273,12 @@ class LinkRelay:
             return None
         nonce = fresh_nonce()
         try:
-            conn.sendall(encode({"type": "challenge", "nonce": nonce}))
+            conn.sendall(encode(messages.challenge(nonce)))
         except OSError:
             return None
         said = _first_line(conn, self._wait_s, rest)
-        try:
-            answer = json.loads(said[0]) if said is not None else None
-        except ValueError:
-            answer = None
-        if not (isinstance(answer, dict) and proven(relay_proof(self._secret, kind, nonce), answer.get("proof"))):
+        answer = parse(said[0]) if said is not None else None
+        if not (answer is not None and proven(relay_proof(self._secret, kind, nonce), answer.get("proof"))):
             return None
         assert said is not None
         return Frames.after_handshake(self._secret, driver_nonce, nonce, driver=False), said[1]
@@ -299,7 +292,7 @@ class LinkRelay:
             _reset(old)
         log.info("relay: the driver is connected")
         for link_id in waiting:
-            self._tell({"type": "dial", "id": link_id})
+            self._tell(messages.dial(link_id))
         threading.Thread(target=self._drain_control, args=(conn, frames, rest), daemon=True,
                          name="raydist-relay-ctl").start()
 
@@ -352,7 +345,7 @@ class LinkRelay:
 
     def _heartbeat(self) -> None:
         while not self._closed.wait(HEARTBEAT_S):
-            self._tell({"type": "ping"})
+            self._tell(messages.ping())
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -413,13 +406,13 @@ class RelayDialer:
         enable_keepalive(sock)
         # Only this thread writes here (each pair is a connection of its own).
         mine = fresh_nonce()
-        sock.sendall(encode({"type": "relay-control", "nonce": mine}))
+        sock.sendall(encode(messages.relay_control(mine)))
         reader = LineReader(sock, idle_s=HANDSHAKE_S)
         challenge = reader.read()
-        if challenge.get("type") != "challenge":
+        if messages.kind(challenge) != "challenge":
             raise LinkBroken("the relay sent no challenge")
         theirs = str(challenge.get("nonce", ""))
-        sock.sendall(encode({"type": "proof", "proof": relay_proof(self._secret, "relay-control", theirs)}))
+        sock.sendall(encode(messages.proof(relay_proof(self._secret, "relay-control", theirs))))
         # From here on both ways are sealed frames: a line that is not the
         # relay's next frame (injected, changed, replayed) ends the connection.
         frames = Frames.after_handshake(self._secret, mine, theirs, driver=True)
@@ -427,11 +420,11 @@ class RelayDialer:
         last_ping = time.monotonic()
         while not self._closed.is_set():
             msg = reader.read()
-            if msg.get("type") == "dial":
+            if messages.kind(msg) == "dial":
                 threading.Thread(target=self._dial, args=(str(msg.get("id", "")), str(msg.get("source", ""))[:64]),
                                  daemon=True, name="raydist-dialer-pair").start()
             if time.monotonic() - last_ping >= HEARTBEAT_S:
-                sock.sendall(frames.seal(encode({"type": "ping"})))
+                sock.sendall(frames.seal(encode(messages.ping())))
                 last_ping = time.monotonic()
 
     def _dial(self, link_id: str, source: str = "") -> None:
@@ -442,7 +435,7 @@ class RelayDialer:
             return  # the supervisor's wait runs out, and it tries again
         try:
             proof = relay_proof(self._secret, "relay-pair", link_id)
-            conn.sendall(encode({"type": "relay-pair", "id": link_id, "proof": proof}))
+            conn.sendall(encode(messages.relay_pair(link_id, proof)))
         except OSError:
             conn.close()
             return

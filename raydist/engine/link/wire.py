@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from typing import Any
 
 __all__ = [
@@ -25,11 +26,15 @@ __all__ = [
     "MAX_LINE",
     "RECONNECT_GRACE_S",
     "LineReader",
+    "LineTooLong",
+    "Lines",
     "LinkBroken",
     "LinkClosed",
     "LinkRefused",
     "enable_keepalive",
     "encode",
+    "parse",
+    "read_line",
     "send",
 ]
 
@@ -90,6 +95,72 @@ def enable_keepalive(sock: socket.socket) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
 
 
+class LineTooLong(LinkBroken):
+    """The peer sent more than the limit without a line's end."""
+
+
+class Lines:
+    """Whole lines out of what a peer sent, each at most ``limit`` bytes.
+
+    The link's one framing reader: every end feeds it the bytes it read, its
+    own way (a blocking read, a selector's callback), and takes lines out.
+    Holds at most ``limit`` bytes of a line not yet ended, so a peer that
+    never ends one costs a bounded buffer.
+    """
+
+    def __init__(self, initial: bytes = b"", *, limit: int = MAX_LINE) -> None:
+        self._buf = bytearray(initial)
+        self._limit = limit
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    def next(self) -> bytes | None:
+        """The next whole line (without its newline), or None until one has
+        come. Raises LineTooLong past the limit."""
+        end = self._buf.find(b"\n")
+        if end > self._limit or (end < 0 and len(self._buf) > self._limit):
+            raise LineTooLong(f"a line longer than {self._limit} bytes")
+        if end < 0:
+            return None
+        line = bytes(self._buf[:end])
+        del self._buf[: end + 1]
+        return line
+
+    def rest(self) -> bytes:
+        """What was read past the last line taken (for a reader that takes over)."""
+        return bytes(self._buf)
+
+
+def read_line(sock: socket.socket, deadline: float, *, limit: int, said: bytes = b"") -> tuple[bytes, bytes]:
+    """The first whole line ``sock`` sends before ``deadline`` (monotonic),
+    and what it sent past it; ``said``: bytes already read from it. For a new
+    connection's first words: a deadline, not an idle timeout, so bytes that
+    trickle in hold no place for long. Raises LineTooLong past ``limit``,
+    TimeoutError at the deadline, LinkClosed when the peer closes first."""
+    lines = Lines(said, limit=limit)
+    while (line := lines.next()) is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no whole line before the deadline")
+        sock.settimeout(left)
+        chunk = sock.recv(limit + 1)
+        if not chunk:
+            raise LinkClosed("closed before a whole line")
+        lines.feed(chunk)
+    return line, lines.rest()
+
+
+def parse(line: bytes) -> dict[str, Any] | None:
+    """A line as a message (a JSON object), or None for anything else
+    (including JSON nested past Python's stack)."""
+    try:
+        message = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return message if isinstance(message, dict) else None
+
+
 class LineReader:
     """Reads JSON messages off a socket with bounded line length and idle time.
 
@@ -99,7 +170,7 @@ class LineReader:
     def __init__(self, sock: socket.socket, *, idle_s: float = IDLE_S, initial: bytes = b"",
                  frames: Any = None, refusal_in_clear: bool = False) -> None:
         self._sock = sock
-        self._buf = bytearray(initial)
+        self._lines = Lines(initial)
         self._idle_s = idle_s
         #: The connection's :class:`~raydist.engine.link.keys.Frames` once its
         #: handshake is over: every line must then be a sealed frame.
@@ -112,28 +183,7 @@ class LineReader:
         """The next message. Raises LinkBroken on EOF, silence past the idle
         bound, a line longer than :data:`MAX_LINE`, or a line that is not a
         JSON object."""
-        while True:
-            end = self._buf.find(b"\n")
-            if end >= 0:
-                line = bytes(self._buf[:end])
-                del self._buf[: end + 1]
-                if self._frames is not None:
-                    if self._refusal_in_clear and line == b'{"type":"refused"}':
-                        return {"type": "refused"}
-                    self._refusal_in_clear = False
-                    try:
-                        line = self._frames.open(line)
-                    except ValueError as exc:  # BadFrame
-                        raise LinkBroken(str(exc)) from exc
-                try:
-                    message = json.loads(line)
-                except (ValueError, RecursionError) as exc:
-                    raise LinkBroken("a line that is not JSON") from exc
-                if not isinstance(message, dict):
-                    raise LinkBroken("a message that is not a JSON object")
-                return message
-            if len(self._buf) > MAX_LINE:
-                raise LinkBroken(f"a line longer than {MAX_LINE} bytes")
+        while (line := self._lines.next()) is None:
             self._sock.settimeout(self._idle_s)
             try:
                 chunk = self._sock.recv(65536)
@@ -143,8 +193,20 @@ class LineReader:
                 raise LinkBroken(str(exc)) from exc
             if not chunk:
                 raise LinkClosed("closed by the peer")
-            self._buf += chunk
+            self._lines.feed(chunk)
+        if self._frames is not None:
+            if self._refusal_in_clear and line == b'{"type":"refused"}':
+                return {"type": "refused"}
+            self._refusal_in_clear = False
+            try:
+                line = self._frames.open(line)
+            except ValueError as exc:  # BadFrame
+                raise LinkBroken(str(exc)) from exc
+        message = parse(line)
+        if message is None:
+            raise LinkBroken("a line that is not a JSON object")
+        return message
 
     def rest(self) -> bytes:
         """What was read past the last message (for a reader that takes over)."""
-        return bytes(self._buf)
+        return self._lines.rest()

@@ -42,6 +42,7 @@ from typing import Any
 
 import psutil
 
+from raydist.engine.link import messages
 from raydist.engine.link.keys import say_hello
 from raydist.engine.link.nodelink import LOG_TAIL_LINES
 from raydist.engine.link.wire import (
@@ -67,7 +68,7 @@ from raydist.engine.node.reaper import (
     start_sentinel,
     watched_alive,
 )
-from raydist.engine.nodelogs import NODE_BYTES, chunks, last_words, read_logs
+from raydist.engine.nodelogs import NODE_BYTES, last_words, read_logs
 from raydist.engine.ports import free_port, wait_for_port
 from raydist.paths import open_private_log
 
@@ -194,7 +195,7 @@ class Supervisor:
                 if self.sock is None or self.frames is None:
                     continue
                 try:  # sealed and sent under the lock: frames go out in the order they are counted
-                    self.sock.sendall(self.frames.seal(encode({"type": "ping"})))
+                    self.sock.sendall(self.frames.seal(encode(messages.ping())))
                 except OSError:
                     pass  # the reader notices the broken link
 
@@ -203,16 +204,17 @@ class Supervisor:
             try:
                 while True:
                     msg = reader.read()
-                    if msg.get("cmd") == "stop":
+                    kind = messages.kind(msg)
+                    if kind == "stop":
                         if msg.get("hard"):
                             self.kill_grace_s = 0.0
                         self.request_stop("stopped by the driver")
                         return
-                    if msg.get("cmd") == "logs":
+                    if kind == "logs":
                         threading.Thread(target=self._send_logs, args=(msg,), daemon=True).start()
-                    if msg.get("cmd") == "dashboard":
+                    if kind == "dashboard":
                         threading.Thread(target=self._switch_dashboard, args=(msg,), daemon=True).start()
-                    if msg.get("cmd") == "head" and not self.head_known.is_set():
+                    if kind == "head" and not self.head_known.is_set():
                         self.head_address = str(msg.get("address", ""))
                         self.head_known.set()
             except LinkBroken as exc:
@@ -239,18 +241,19 @@ class Supervisor:
                               offset=max(0, int(msg.get("offset") or 0)))
         except (TypeError, ValueError):
             files = []
-        for message in chunks(str(msg.get("req", "")), files):
+        for message in messages.logs_parts(str(msg.get("req", "")), files):
             self.emit(message)
 
     def _switch_dashboard(self, msg: dict[str, Any]) -> None:
         """Answer the driver's ``dashboard`` request: Ray's dashboard on this
         head with every module, or (``stop``) back to what it ran before."""
-        reply: dict[str, Any] = {"type": "dashboard", "req": str(msg.get("req", ""))[:32]}
+        req = str(msg.get("req", ""))[:32]
         with self._dashboard_lock:  # one switch at a time: two would each replace the other's
             try:
-                reply["url"] = dashboard.switch(full=not msg.get("stop"), temp_dir=str(self.cfg.get("temp_dir") or ""))
+                url = dashboard.switch(full=not msg.get("stop"), temp_dir=str(self.cfg.get("temp_dir") or ""))
+                reply = messages.dashboard_answer(req, url=url)
             except (RuntimeError, OSError, psutil.Error) as exc:
-                reply["error"] = str(exc)[:500]
+                reply = messages.dashboard_answer(req, error=str(exc)[:500] or type(exc).__name__)
         self.emit(reply)
 
     def _reconnect(self, broke: str) -> LineReader | None:
@@ -279,7 +282,7 @@ class Supervisor:
 
     def log(self, line: str) -> None:
         self.tail.append(line)
-        self.emit({"type": "log", "line": line[:MAX_LINE // 2]})
+        self.emit(messages.log(line[:MAX_LINE // 2]))
 
     def _write_log(self, line: str) -> None:
         """A line for the node's local log only (the link may be down)."""
@@ -297,7 +300,7 @@ class Supervisor:
             self.log(line)
             if "Ray runtime started" in line:
                 info = {**self.cfg.get("info", {}), "node_id": ray_node_id(str(self.cfg.get("temp_dir") or ""))}
-                self.emit({"type": "started", "node_ip": self.cfg.get("node_ip", ""), "info": info})
+                self.emit(messages.started(str(self.cfg.get("node_ip", "")), info))
                 if float(self.cfg.get("demand_s") or 0) > 0:
                     threading.Thread(target=self._report_demand, daemon=True).start()
 
@@ -317,7 +320,7 @@ class Supervisor:
             except ValueError:
                 continue
             if isinstance(reading, dict) and not self.stop.is_set():
-                self.emit({"type": "demand", **reading})
+                self.emit(messages.demand(reading))
 
     def argv(self) -> list[str]:
         argv = [f"--address={self.head_address}" if a == f"--address={HEAD_FROM_LINK}" else a
@@ -425,7 +428,7 @@ class Supervisor:
             # The link is left open: it closes when this process ends (main
             # exits at once), so the driver's "closed" means "gone", and a
             # teardown that waits for it leaves no supervisor behind.
-            self.emit({"type": "stopped", "code": code, "reason": self.reason, "log_tail": []})
+            self.emit(messages.stopped(code, self.reason))
         return code
 
 
