@@ -94,7 +94,7 @@ def test_compat_uses_only_the_training_runtimes_public_seam() -> None:
 #: layer's and lower ones (the package root runs first for any import: not a layer).
 LAYERS = (
     ("raydist._proto",),
-    ("raydist.errors", "raydist.paths", "raydist.spec"),
+    ("raydist.errors", "raydist.paths", "raydist.spec", "raydist.backoff"),
     ("raydist.engine", "raydist.jobs"),
     ("raydist.data", "raydist.train"),
     ("raydist.compat", "raydist.control"),

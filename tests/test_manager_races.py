@@ -62,7 +62,7 @@ def manager(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ClusterManager:
     _Engine.gate = threading.Event()
     monkeypatch.setattr(manager_module, "RayCluster", _Engine)
     monkeypatch.setattr(spark_side, "capacity", lambda spark: type("Cap", (), {"cores_per_executor": 1})())
-    monkeypatch.setattr(spark_side, "check_fits", lambda *args: None)
+    monkeypatch.setattr(spark_side, "check_fits", lambda *args, **kw: None)
     return ClusterManager(Store(tmp_path / "state.db"), _Spark, lambda name: None)
 
 
@@ -186,7 +186,7 @@ def test_past_its_quota_a_tenant_is_told_so_before_spark_is_asked(manager: Clust
     from raydist.engine.spark import session as spark_side
     from raydist.errors import CapacityError, QuotaExceededError
 
-    def no_room(*args: object) -> None:
+    def no_room(*args: object, **kw: object) -> None:
         raise CapacityError("2 workers x 1 CPU", "0 executors of 2 (one was just lost)")
 
     monkeypatch.setattr(spark_side, "check_fits", no_room)

@@ -87,11 +87,15 @@ def test_an_elastic_cluster_cannot_ask_for_more_than_spark_can_ever_run() -> Non
 
     cap = SparkCapacity(executors=2, cores_per_executor=2, gpus_per_executor=0, memory_per_executor=1 << 30,
                         dynamic=False, hosts={"h": 2})
-    check_fits(ClusterSpec(name="ok", min_workers=0, max_workers=4), cap, 1)
+    check_fits(ClusterSpec(name="ok", min_workers=0, max_workers=4), cap, head_in_task=False, cpus=1)
     with pytest.raises(CapacityError, match="max_workers <= 4"):
-        check_fits(ClusterSpec(name="huge", min_workers=0, max_workers=4096), cap, 1)
+        check_fits(ClusterSpec(name="huge", min_workers=0, max_workers=4096), cap, head_in_task=False, cpus=1)
     with pytest.raises(CapacityError, match="workers <= 4"):
-        check_fits(ClusterSpec(name="big", workers=5), cap, 1)
+        check_fits(ClusterSpec(name="big", workers=5), cap, head_in_task=False, cpus=1)
+    # The head's own task (a Connect session's) takes a slot of its own: 4 fit, 3 beside it.
+    check_fits(ClusterSpec(name="three", workers=3), cap, head_in_task=True, cpus=1)
+    with pytest.raises(CapacityError, match="beside the head's task"):
+        check_fits(ClusterSpec(name="four", workers=4), cap, head_in_task=True, cpus=1)
 
 
 def test_free_ports_taken_one_after_another_never_repeat() -> None:

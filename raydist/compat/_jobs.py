@@ -80,11 +80,14 @@ def with_deepspeed_args(job: ArgvJob, config: dict[str, Any] | None, use_gpu: bo
     without a config."""
 
     def run() -> Any:
-        os.environ.setdefault("DS_ACCELERATOR", "cuda" if use_gpu else "cpu")
+        from raydist.train.runtime import scoped_env
+
+        env = {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR") or ("cuda" if use_gpu else "cpu")}
         if config is None:
-            return job(["--deepspeed"])
-        os.environ[DEEPSPEED_CONFIG_ENV] = json.dumps(config)
-        with tempfile.TemporaryDirectory(prefix="raydist-ds-") as tmp:
+            with scoped_env(env):
+                return job(["--deepspeed"])
+        with tempfile.TemporaryDirectory(prefix="raydist-ds-") as tmp, \
+                scoped_env({**env, DEEPSPEED_CONFIG_ENV: json.dumps(config)}):
             path = os.path.join(tmp, "deepspeed_config.json")
             with open(path, "w") as f:
                 json.dump(config, f)

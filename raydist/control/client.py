@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from raydist.backoff import Backoff
 from raydist.errors import ControlPlaneUnavailableError, RPCError
 from raydist.paths import home, read_private
 
@@ -121,7 +122,7 @@ class Client:
         backoff (0.2 s doubling to 2 s) for up to ``retry_s`` seconds, at
         least ``retries`` times; every other error is raised at once."""
         fn = getattr(self._stub, method)
-        delay = 0.2
+        delays = Backoff(0.2, 2.0)
         give_up = time.monotonic() + self.retry_s
         attempt = 0
         while True:
@@ -131,8 +132,7 @@ class Client:
                 code = exc.code()
                 if code == grpc.StatusCode.UNAVAILABLE and (attempt < self.retries or time.monotonic() < give_up):
                     attempt += 1
-                    time.sleep(delay)
-                    delay = min(2.0, delay * 2)
+                    time.sleep(delays.next())
                     continue
                 raise self._error(exc) from None
 

@@ -365,8 +365,7 @@ class ClusterManager:
             from raydist.engine.spark import session as spark_side
 
             cap = spark_side.capacity(self.host_of(spec.name).session)
-            spark_side.check_fits(spec, cap, spec.cpus_per_worker or cap.cores_per_executor,
-                                  max(1, spec.head_cpus) if self._head_in_task(spec.name) else 0)
+            spark_side.check_fits(spec, cap, head_in_task=self._head_in_task(spec.name))
         with self._lock:
             row = self._store.get(spec.name)
             if row is not None and row.state not in (State.DELETED.value, State.FAILED.value):
@@ -603,8 +602,7 @@ class ClusterManager:
                     time.sleep(2.0)
             try:
                 cap = spark_side.capacity(spark)
-                spark_side.check_fits(spec, cap, spec.cpus_per_worker or cap.cores_per_executor,
-                                      max(1, spec.head_cpus) if self._head_in_task(name) else 0)
+                spark_side.check_fits(spec, cap, head_in_task=self._head_in_task(name))
             except Exception as exc:  # noqa: BLE001 - the reason goes to the row, the server keeps serving
                 self._fail(name, f"could not start again after the control plane restarted: {exc}")
                 continue

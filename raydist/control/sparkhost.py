@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from raydist.backoff import Backoff
 from raydist.errors import ControlPlaneUnavailableError
 
 __all__ = ["SparkHost"]
@@ -51,8 +52,9 @@ class SparkHost:
         """Start Spark, retrying with backoff (1 s, doubling, at most 30 s)
         until it runs or ``stop`` is set; ``on_state(running, reason)`` after
         each attempt. Blocks: run it in a thread of its own."""
-        backoff = 1.0
+        delays = Backoff(1.0, 30.0)
         while not stop.is_set():
+            wait = 0.0
             with self._lock:
                 if self._spark is not None or stop.is_set():
                     return
@@ -62,11 +64,11 @@ class SparkHost:
                     self.error = ""
                 except Exception as exc:  # noqa: BLE001 - reported, then retried
                     self.error = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-                    log.warning("%s did not start (%s); retrying in %g s", self.label, self.error, backoff)
+                    wait = delays.next()
+                    log.warning("%s did not start (%s); retrying in %g s", self.label, self.error, wait)
             on_state(self._spark is not None, self.error)
-            if self._spark is not None or stop.wait(backoff):
+            if self._spark is not None or stop.wait(wait):
                 return
-            backoff = min(30.0, backoff * 2)
 
     @property
     def started(self) -> bool:

@@ -30,6 +30,8 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from raydist.backoff import Backoff
+from raydist.engine.link.admission import Places
 from raydist.engine.link.wire import read_line
 
 __all__ = ["BlockAgent", "send_partitions", "fetch_blocks", "AGENT_NAMESPACE"]
@@ -194,8 +196,7 @@ class BlockAgent:
         self._server: socket.socket | None = None
         self._lock = threading.Lock()
         self._jobs: dict[str, dict[str, Any]] = {}
-        self._slots = threading.BoundedSemaphore(_MAX_CONNECTIONS)
-        self._by_source: dict[str, int] = {}  # connections held, by address
+        self._places = Places(_MAX_CONNECTIONS, _MAX_PER_SOURCE)
 
     def open(self, host: str) -> int:
         """Listen on ``host`` (this node's address); returns the port. Idempotent."""
@@ -232,7 +233,7 @@ class BlockAgent:
 
     def _accept(self) -> None:
         assert self._server is not None
-        backoff = 0.0
+        pause = Backoff(0.05, 1.0)
         while True:
             try:
                 conn, peer = self._server.accept()
@@ -242,39 +243,24 @@ class BlockAgent:
                 # Out of file descriptors, a connection aborted before it was
                 # taken...: a listener nobody accepts on would hang every
                 # sender, so wait a little and go on.
-                backoff = min(1.0, max(0.05, backoff * 2))
+                wait = pause.next()
                 log.warning("the block agent could not accept a connection (%s); retrying in %.2f s",
-                            exc.strerror or exc, backoff)
-                time.sleep(backoff)
+                            exc.strerror or exc, wait)
+                time.sleep(wait)
                 continue
-            backoff = 0.0
+            pause.reset()
             source = str(peer[0]) if isinstance(peer, tuple) else ""
-            with self._lock:
-                crowded = self._by_source.get(source, 0) >= _MAX_PER_SOURCE
-                if not crowded:
-                    self._by_source[source] = self._by_source.get(source, 0) + 1
-            if crowded or not self._slots.acquire(blocking=False):
-                if not crowded:
-                    self._left(source)
+            if not self._places.take(source):
                 conn.close()  # full: refused at once, no thread
                 continue
             threading.Thread(target=self._serve, args=(conn, source), daemon=True).start()
-
-    def _left(self, source: str) -> None:
-        with self._lock:
-            held = self._by_source.get(source, 0) - 1
-            if held > 0:
-                self._by_source[source] = held
-            else:
-                self._by_source.pop(source, None)
 
     def _serve(self, conn: socket.socket, source: str = "") -> None:
         try:
             self._serve_one(conn)
         finally:
             conn.close()
-            self._slots.release()
-            self._left(source)
+            self._places.give_back(source)
 
     def _serve_one(self, conn: socket.socket) -> None:
         import pyarrow as pa

@@ -49,6 +49,7 @@ def _worker(job: Callable[[], Any]) -> Callable[[Any], Any]:
     def run(config: Any) -> Any:
         import ray.train
 
+        from raydist.train._env import scoped_env
         from raydist.train._fork import keep_destroyed_groups
         from raydist.train._inputs import staged
 
@@ -59,12 +60,8 @@ def _worker(job: Callable[[], Any]) -> Callable[[Any], Any]:
             pass
         keep_destroyed_groups()  # this worker ends with the run; see raydist.train._fork
         with staged(config.get(_INPUTS), ray.train.get_context().get_world_rank()) as input_env:
-            os.environ.update(input_env)
-            try:
+            with scoped_env(input_env):
                 return job()
-            finally:
-                for key in input_env:
-                    os.environ.pop(key, None)
 
     return carry_mark(run, job)  # a job that carries MLflow's context is not wrapped again
 

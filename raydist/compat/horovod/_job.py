@@ -5,7 +5,6 @@ the results."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,17 +19,17 @@ def horovod_job(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[s
     def run() -> Any:
         from raydist.compat.horovod._alias import use_horovod_alias
         from raydist.compat.horovod.torch import _basics, _ops
+        from raydist.train.runtime import scoped_env
 
-        if env:
-            os.environ.update({str(k): str(v) for k, v in env.items()})
-        use_horovod_alias()
-        _basics.init()
-        _basics.held_by_runner(True)  # the function's hvd.shutdown() leaves it for the results
-        try:
-            result = fn(*args, **kwargs)
-            return _ops.allgather_object(result) if every_rank else result
-        finally:
-            _basics.held_by_runner(False)
-            _basics.shutdown()
+        with scoped_env({str(k): str(v) for k, v in (env or {}).items()}):
+            use_horovod_alias()
+            _basics.init()
+            _basics.held_by_runner(True)  # the function's hvd.shutdown() leaves it for the results
+            try:
+                result = fn(*args, **kwargs)
+                return _ops.allgather_object(result) if every_rank else result
+            finally:
+                _basics.held_by_runner(False)
+                _basics.shutdown()
 
     return run

@@ -137,7 +137,7 @@ class ClusterLifecycle:
         spec = self.spec
         cap = spark_side.capacity(self._spark)
         cpus = spec.cpus_per_worker or cap.cores_per_executor
-        spark_side.check_fits(spec, cap, cpus, max(1, spec.head_cpus) if self._head.in_task else 0)
+        spark_side.check_fits(spec, cap, head_in_task=self._head.in_task, cpus=cpus)
         self._deadline = time.monotonic() + spec.start_timeout_s
         # down() waits for a launch in progress, and a launch after down()
         # starts nothing: a delete while the head starts leaves no node behind.
@@ -249,8 +249,7 @@ class ClusterLifecycle:
             changes["workers"] = None
         spec = self.spec.replace(**changes)
         cap = spark_side.capacity(self._spark)
-        spark_side.check_fits(spec, cap, self._cpus or cap.cores_per_executor,
-                              max(1, spec.head_cpus) if self._head.in_task else 0)
+        spark_side.check_fits(spec, cap, head_in_task=self._head.in_task, cpus=self._cpus)
         with self._lock:
             if self._stopping.is_set() or self._state.terminal:
                 raise ClusterFailedError(f"cluster {self.name!r} is {self._state.value}: it cannot be resized")

@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from raydist.backoff import Backoff
 from raydist.engine.cluster.slot import WorkerSlot, first_error_line
 from raydist.engine.node.launch import NodePlan, run_worker_node, warm_executor
 from raydist.engine.spark.side import SparkJob, SparkSide
@@ -47,12 +48,13 @@ MAX_BACKOFF_S = 30.0
 #: How often running jobs are looked at (while the cluster is torn down: more often).
 POLL_S = 0.5
 CLOSING_POLL_S = 0.05
+_RESUBMIT = Backoff(0.5, MAX_BACKOFF_S)
 
 
 def backoff_s(failures: int) -> float:
     """How long to wait before submitting a job again after ``failures``
     quick failures in a row (0: it ran long enough to count as healthy)."""
-    return min(MAX_BACKOFF_S, 0.5 * (2 ** min(failures, 6))) if failures else 0.2
+    return _RESUBMIT.after(failures + 1) if failures else 0.2
 
 
 @dataclasses.dataclass

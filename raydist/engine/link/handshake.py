@@ -26,7 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from raydist.backoff import Backoff
 from raydist.engine.link import messages
+from raydist.engine.link.admission import Places
 from raydist.engine.link.keys import Frames, NodeKeys, driver_proof, fresh_nonce, node_proof, proven
 from raydist.engine.link.wire import Lines, LineTooLong, encode, parse
 
@@ -94,7 +96,8 @@ class Handshakes:
         self._sel = sel
         self._server = server
         self._paused_until = 0.0
-        self._backoff = 0.0
+        self._pause_for = Backoff(0.1, 5.0)
+        self._places = Places(MAX_PENDING, MAX_PENDING_PER_SOURCE)
         self._emfile_logged = -REFUSALS_LOG_S
         sel.register(server, selectors.EVENT_READ, self)
         self._keys = keys
@@ -128,26 +131,24 @@ class Handshakes:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     self._pause(exc)
                 return
-            self._backoff = 0.0
+            self._pause_for.reset()
             self.take(conn, str(peer[0]))
 
     def _pause(self, exc: OSError) -> None:
         """Out of file descriptors: stop accepting for a while (0.1 s,
         doubling to 5 s) instead of waking on a listener that stays readable."""
-        self._backoff = min(5.0, max(0.1, self._backoff * 2))
-        self._paused_until = time.monotonic() + self._backoff
+        pause = self._pause_for.next()
+        self._paused_until = time.monotonic() + pause
         self._sel.unregister(self._server)
         now = time.monotonic()
         if now - self._emfile_logged >= REFUSALS_LOG_S:
             self._emfile_logged = now
             log.warning("the node channel cannot accept (%s); pausing %.1f s. Raise the driver's open-file limit "
-                        "(ulimit -n)", exc.strerror, self._backoff)
+                        "(ulimit -n)", exc.strerror, pause)
 
     def take(self, conn: socket.socket, source: str | None) -> None:
         """A new connection (``source``: its address; None for one this process dialled)."""
-        full = len(self._pending) >= MAX_PENDING or (source is not None and sum(
-            1 for p in self._pending.values() if p.source == source) >= MAX_PENDING_PER_SOURCE)
-        if full:
+        if not self._places.take(source):
             conn.close()  # full: refused, not one saying hello pushed out
             return
         conn.setblocking(False)
@@ -200,7 +201,8 @@ class Handshakes:
             self._forget(conn, close=True)
 
     def _forget(self, conn: socket.socket, *, close: bool) -> None:
-        if self._pending.pop(conn, None) is not None:
+        if (state := self._pending.pop(conn, None)) is not None:
+            self._places.give_back(state.source)
             self._sel.unregister(conn)
         if close:
             conn.close()

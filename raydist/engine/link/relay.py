@@ -38,7 +38,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from raydist.backoff import Backoff
 from raydist.engine.link import messages
+from raydist.engine.link.admission import Places
 from raydist.engine.link.keys import Frames, fresh_nonce, proven, relay_proof
 from raydist.engine.link.wire import (
     HANDSHAKE_S,
@@ -167,7 +169,9 @@ class LinkRelay:
         # id -> supervisor, its bytes, deadline, its address
         self._waiting: dict[str, tuple[socket.socket, bytes, float, str]] = {}
         self._joined: set[_Joint] = set()  # links passing through now
-        self._greeting: dict[str, int] = {}  # address -> connections saying their first line
+        # Connections saying their first line or waiting for their pair, in all and per address.
+        self._places = Places(_MAX_WAITING, _MAX_PER_SOURCE)
+        self._pause = Backoff(0.05, 1.0)
         self._closed = threading.Event()
         threading.Thread(target=self._accept, daemon=True, name=f"raydist-relay-{self.port}").start()
         threading.Thread(target=self._heartbeat, daemon=True, name="raydist-relay-ping").start()
@@ -204,36 +208,31 @@ class LinkRelay:
             except OSError:
                 if self._closed.is_set():
                     return
-                time.sleep(0.1)  # out of file descriptors, say: back off, do not spin
+                time.sleep(self._pause.next())  # out of file descriptors, say: back off, do not spin
                 continue
+            self._pause.reset()
             source = str(peer[0])
-            with self._lock:
-                mine = self._greeting.get(source, 0) + sum(1 for w in self._waiting.values() if w[3] == source)
-                full = sum(self._greeting.values()) + len(self._waiting) >= _MAX_WAITING or mine >= _MAX_PER_SOURCE
-                if not full:
-                    self._greeting[source] = self._greeting.get(source, 0) + 1
-            if full:
+            if not self._places.take(source):
                 conn.close()  # refused, not one already waiting pushed out
                 continue
             threading.Thread(target=self._greet, args=(conn, source), daemon=True, name="raydist-relay-greet").start()
 
     def _greet(self, conn: socket.socket, source: str) -> None:
+        waits = False
         try:
-            self._take(conn, source)
+            waits = self._take(conn, source)
         finally:
-            with self._lock:
-                self._greeting[source] -= 1
-                if not self._greeting[source]:
-                    del self._greeting[source]
+            if not waits:  # a waiting supervisor keeps its place until paired or expired
+                self._places.give_back(source)
 
-    def _take(self, conn: socket.socket, source: str) -> None:
+    def _take(self, conn: socket.socket, source: str) -> bool:
         """Read a new connection's first line and give it its place: the
         driver's control or pair connection once it proves the relay's key,
         else a supervisor waiting for its pair."""
         said = _first_line(conn, self._wait_s)
         if said is None or self._closed.is_set():
             conn.close()
-            return
+            return False
         first, rest = said
         msg = parse(first)
         kind = messages.kind(msg)
@@ -243,14 +242,14 @@ class LinkRelay:
             if proven_with is None:
                 log.warning("relay: refused a connection that could not prove the relay's key")
                 conn.close()
-                return
+                return False
             enable_keepalive(conn)
             if kind == "relay-control":
                 frames, after = proven_with
                 self._set_control(conn, frames, after)
             else:
                 self._pair(str(msg.get("id", "")), conn)
-            return
+            return False
         # A supervisor (the driver checks its handshake): wait for a pair.
         enable_keepalive(conn)
         link_id = secrets.token_hex(8)
@@ -259,6 +258,7 @@ class LinkRelay:
         # Its address goes with it: the driver counts each stranger's
         # handshakes by where they came from, as it does on a direct link.
         self._tell(messages.dial(link_id, source))
+        return True
 
     def _from_driver(self, conn: socket.socket, kind: str, msg: dict[str, object],
                      rest: bytes) -> tuple[Frames | None, bytes] | None:
@@ -313,6 +313,8 @@ class LinkRelay:
     def _pair(self, link_id: str, conn: socket.socket) -> None:
         with self._lock:
             waiting = self._waiting.pop(link_id, None)
+        if waiting is not None:
+            self._places.give_back(waiting[3])
         if waiting is None:
             conn.close()  # its supervisor gave up waiting, or the id is not ours
             return
@@ -351,8 +353,9 @@ class LinkRelay:
         now = time.monotonic()
         with self._lock:
             gone = [k for k, (_, _, deadline, _) in self._waiting.items() if deadline <= now]
-            socks = [self._waiting.pop(k)[0] for k in gone]
-        for sock in socks:
+            expired = [self._waiting.pop(k) for k in gone]
+        for sock, _, _, source in expired:
+            self._places.give_back(source)
             sock.close()  # the supervisor reads a silent close and tries again
 
 

@@ -213,9 +213,12 @@ def capacity(spark: SparkSession, wait_s: float = 30.0) -> SparkCapacity:
     )
 
 
-def check_fits(spec: ClusterSpec, cap: SparkCapacity, cpus: int, head_task_cpus: int = 0) -> None:
+def check_fits(spec: ClusterSpec, cap: SparkCapacity, *, head_in_task: bool, cpus: int = 0) -> None:
     """Raise CapacityError when Spark can never run ``spec``'s worker nodes
-    (and, with ``head_task_cpus``, the head's task beside them)."""
+    of ``cpus`` CPUs each (by default what the spec asks, or an executor's
+    cores), and, ``head_in_task``, the head's Spark task beside them."""
+    cpus = cpus or spec.cpus_per_worker or cap.cores_per_executor
+    head_task_cpus = max(1, spec.head_cpus) if head_in_task else 0
     if spec.gpus_per_worker > 0 and cap.gpus_per_executor <= 0:
         raise CapacityError(
             f"{spec.gpus_per_worker:g} GPU per worker",
