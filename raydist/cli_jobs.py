@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from raydist.jobs import Jobs
+from raydist.ray_jobs import RayJobs
 
 __all__ = ["HANDLERS", "add_parsers"]
 
@@ -47,9 +47,9 @@ def add_parsers(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> 
     common(k)
 
 
-def _jobs(args: argparse.Namespace, client: Any) -> Jobs:
+def _jobs(args: argparse.Namespace, client: Any) -> RayJobs:
     creds = client.credentials(args.name)
-    jobs = Jobs(args.name, creds.dashboard_url, creds.ray_token)
+    jobs = RayJobs(args.name, creds.dashboard_url, creds.ray_token)
     if not args.verbose:  # Ray's SDK logs each upload and socket at INFO; -v shows them
         logging.getLogger("ray").setLevel(logging.WARNING)
     return jobs

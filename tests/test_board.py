@@ -17,7 +17,7 @@ def run(coro):
 
 def test_a_job_goes_to_every_rank_and_rank_0s_value_comes_back() -> None:
     async def main() -> None:
-        board = JobBoard(keep_alive_s=60)
+        board = JobBoard(keep_warm_s=60)
         gen = await board.new_generation(2)
         for rank in (0, 1):
             await board.register(gen, rank, f"actor{rank}")
@@ -36,7 +36,7 @@ def test_a_job_goes_to_every_rank_and_rank_0s_value_comes_back() -> None:
 
 def test_the_first_error_wins_and_stops_the_job_everywhere() -> None:
     async def main() -> None:
-        board = JobBoard(keep_alive_s=60)
+        board = JobBoard(keep_warm_s=60)
         gen = await board.new_generation(2)
         seq = await board.submit(b"job")
         assert await board.job_active(gen, seq)
@@ -50,7 +50,7 @@ def test_the_first_error_wins_and_stops_the_job_everywhere() -> None:
 
 def test_a_replaced_group_reruns_the_job_and_old_outcomes_are_ignored() -> None:
     async def main() -> None:
-        board = JobBoard(keep_alive_s=60)
+        board = JobBoard(keep_warm_s=60)
         old = await board.new_generation(2)
         seq = await board.submit(b"job")
         await board.report(old, seq, 1, True, b"")
@@ -67,9 +67,9 @@ def test_a_replaced_group_reruns_the_job_and_old_outcomes_are_ignored() -> None:
     run(main())
 
 
-def test_idle_workers_are_let_go_after_keep_alive() -> None:
+def test_idle_workers_are_let_go_after_keep_warm() -> None:
     async def main() -> None:
-        board = JobBoard(keep_alive_s=0.2)
+        board = JobBoard(keep_warm_s=0.2)
         gen = await board.new_generation(1)
         assert await asyncio.wait_for(board.next_job(gen, 0), 5) is None
         assert board.stopped
@@ -79,7 +79,7 @@ def test_idle_workers_are_let_go_after_keep_alive() -> None:
 
 def test_stop_ends_waiting_workers_and_refuses_new_jobs() -> None:
     async def main() -> None:
-        board = JobBoard(keep_alive_s=60)
+        board = JobBoard(keep_warm_s=60)
         gen = await board.new_generation(1)
         waiting = asyncio.ensure_future(board.next_job(gen, 0))
         await asyncio.sleep(0.05)
@@ -99,7 +99,7 @@ def test_stop_ends_a_driver_waiting_on_a_job() -> None:
     # The driver's wait must return when the run ends under a job (before a
     # disconnect), not poll on until the job finishes.
     async def main() -> None:
-        board = JobBoard(keep_alive_s=60)
+        board = JobBoard(keep_warm_s=60)
         gen = await board.new_generation(1)
         await board.register(gen, 0, "actor0")
         seq = await board.submit(b"job")
@@ -113,7 +113,7 @@ def test_stop_ends_a_driver_waiting_on_a_job() -> None:
 
 def test_a_cancelled_job_stops_everywhere_and_the_workers_take_the_next() -> None:
     async def main() -> None:
-        board = JobBoard(keep_alive_s=60)
+        board = JobBoard(keep_warm_s=60)
         gen = await board.new_generation(2)
         seq = await board.submit(b"long")
         assert await board.next_job(gen, 0) == (seq, b"long", None)
@@ -129,11 +129,11 @@ def test_a_cancelled_job_stops_everywhere_and_the_workers_take_the_next() -> Non
     run(main())
 
 
-def test_a_new_keep_alive_counts_from_now() -> None:
+def test_a_new_keep_warm_counts_from_now() -> None:
     async def main() -> None:
-        board = JobBoard(keep_alive_s=60)
+        board = JobBoard(keep_warm_s=60)
         gen = await board.new_generation(1)
-        await board.set_keep_alive(0.2)
+        await board.set_keep_warm(0.2)
         assert await asyncio.wait_for(board.next_job(gen, 0), 2) is None  # idle 0.2 s: the run ends
         assert board.stopped
 

@@ -97,9 +97,9 @@ def test_python_api_submit(server: Server, workdir: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
     cluster = raydist.attach("jobs", address=server.address)
     job_id = cluster.submit(["python", "job.py", "py"], working_dir=str(workdir))
-    info = cluster.jobs().wait(job_id, timeout=120)
+    info = cluster.ray_jobs().wait(job_id, timeout=120)
     assert info.status == "SUCCEEDED", info
-    assert "sum of squares 285 args ['py']" in cluster.jobs().logs(job_id)
+    assert "sum of squares 285 args ['py']" in cluster.ray_jobs().logs(job_id)
 
 
 def test_usage_errors_say_what_to_do(server: Server) -> None:

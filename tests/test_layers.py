@@ -95,7 +95,7 @@ def test_compat_uses_only_the_training_runtimes_public_seam() -> None:
 LAYERS = (
     ("raydist._proto",),
     ("raydist.errors", "raydist.paths", "raydist.spec", "raydist.backoff"),
-    ("raydist.engine", "raydist.jobs"),
+    ("raydist.engine", "raydist.jobs", "raydist.ray_jobs"),
     ("raydist.data", "raydist.train"),
     ("raydist.compat", "raydist.control"),
     ("raydist.api",),

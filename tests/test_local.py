@@ -19,7 +19,7 @@ def local():
     from pyspark import cloudpickle
 
     cloudpickle.register_pickle_by_value(train_fns)
-    run = LocalRun(keep_alive_s=60)
+    run = LocalRun(keep_warm_s=60)
     yield run
     run.close()
     assert not run.alive
@@ -66,7 +66,7 @@ def test_a_dead_rank_fails_the_run(local) -> None:
 def test_the_forker_ends_when_idle_and_the_next_run_starts_another() -> None:
     import time
 
-    run = LocalRun(keep_alive_s=0.5, preload=())
+    run = LocalRun(keep_warm_s=0.5, preload=())
     try:
         first = run.run(os.getppid, 1)
         deadline = time.monotonic() + 30

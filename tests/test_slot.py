@@ -52,7 +52,7 @@ class _Side:
 def _jobs(side: _Side, on_lost, records: list[str], stopping: threading.Event) -> WorkerJobs:  # noqa: ANN001
     jobs = WorkerJobs(None, group="g", cluster="c", temp_root="/tmp/x", stopping=stopping, on_lost=on_lost,
                       record=records.append, issue=lambda key: "s" * 64, side=side)  # type: ignore[arg-type]
-    jobs.plan = NodePlan(cluster="c", key="", channel=("127.0.0.1", 1), link_secret="", secret_env={})
+    jobs.plan = NodePlan(cluster="c", key="", channel=("127.0.0.1", 1), node_secret="", secret_env={})
     jobs.begin()
     return jobs
 
@@ -145,7 +145,7 @@ def test_a_slot_started_twice_or_before_the_plan_runs_one_job() -> None:
     jobs.start(slot)  # a resize before launch
     time.sleep(0.3)
     assert side.submitted == []  # no plan yet: nothing submitted
-    jobs.plan = NodePlan(cluster="c", key="", channel=("127.0.0.1", 1), link_secret="", secret_env={})
+    jobs.plan = NodePlan(cluster="c", key="", channel=("127.0.0.1", 1), node_secret="", secret_env={})
     jobs.start(slot)  # launch starts every active slot
     jobs.begin()
     jobs.start(slot)

@@ -44,7 +44,7 @@ def _start_at(address: tuple[str, int], secret: str, watch: list[psutil.Process]
         "temp_dir": temp_dir,
         "key": "w0",
         "channel": list(address),
-        "secret": secret,
+        "node_secret": secret,
         "argv": ["bash", "-c", TREE],
         "env": {},
         "watch": [[p.pid, p.create_time()] for p in watch],

@@ -220,7 +220,7 @@ class TorchDistributor:
                 resources_per_worker=resources,
                 use_gpu=self.use_gpu,
                 max_failures=self.max_failures,
-                keep_alive_s=self.keep_warm_s,
+                keep_warm_s=self.keep_warm_s,
                 raydist_cluster=handle is not None,
                 inputs=inputs,
             )

@@ -6,6 +6,7 @@ the same whether the engine runs in the notebook or behind ``raydist serve``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +15,7 @@ from raydist.control.forward import DashboardForward, reachable
 from raydist.engine.auth import RayToken
 from raydist.engine.connection import process_ray
 from raydist.errors import ClusterFailedError
-from raydist.jobs import Jobs
+from raydist.ray_jobs import RayJobs
 from raydist.spec import ClusterSpec, ClusterStatus, NodeStatus, State
 
 __all__ = ["RemoteCluster"]
@@ -96,15 +97,20 @@ class RemoteCluster:
             self._forward = DashboardForward(self._client, self.name)
         return self._forward.url
 
-    def jobs(self) -> Jobs:
+    def ray_jobs(self) -> RayJobs:
         """This cluster's Ray jobs (it needs ``dashboard=True``); the control
         plane records the credentials it hands out for them."""
         creds = self._client.credentials(self.name)
-        return Jobs(self.name, creds.dashboard_url, creds.ray_token)
+        return RayJobs(self.name, creds.dashboard_url, creds.ray_token)
+
+    def jobs(self) -> RayJobs:
+        """Deprecated name of :meth:`ray_jobs` ("jobs" alone also meant Spark's)."""
+        warnings.warn("cluster.jobs() is now cluster.ray_jobs()", DeprecationWarning, stacklevel=2)
+        return self.ray_jobs()
 
     def submit(self, entrypoint: str | Sequence[str], **options: Any) -> str:
-        """Submit a Ray job (``Jobs.submit``: working_dir, pip, env); returns its id."""
-        return self.jobs().submit(entrypoint, **options)
+        """Submit a Ray job (``RayJobs.submit``: working_dir, pip, env); returns its id."""
+        return self.ray_jobs().submit(entrypoint, **options)
 
     def env(self, *, client: bool = True) -> dict[str, str]:
         """Environment for a process that should use this cluster:

@@ -141,7 +141,7 @@ class Simulator:
                              self.count)
                 self.count += 1
                 self.nodes[node.job] = node
-                self.pool.submit(self._hello, node, tuple(order["channel"]), order["secret"])
+                self.pool.submit(self._hello, node, tuple(order["channel"]), order["node_secret"])
             elif order["op"] == "cancel":
                 for node in list(self.nodes.values()):
                     if (order.get("group") and node.group == order["group"]) or (

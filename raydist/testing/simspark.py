@@ -71,7 +71,7 @@ class SimSide(SparkSide):
                description: str = "") -> SparkJob:
         plan = getattr(body, "args", (None,))[0]
         job = _SimJob()
-        if plan is None or not hasattr(plan, "link_secret"):
+        if plan is None or not hasattr(plan, "node_secret"):
             job.done.set()  # a warm-up or probe job: nothing to simulate
             return job
         return self.sim.start_node(job, plan, group, tag)
@@ -118,7 +118,7 @@ class SimSpark:
     def start_node(self, job: _SimJob, plan: Any, group: str, tag: str) -> _SimJob:
         job_id = str(next(self._ids))
         self.jobs[job_id] = job
-        self.order({"op": "start", "job": job_id, "key": plan.key, "secret": plan.link_secret,
+        self.order({"op": "start", "job": job_id, "key": plan.key, "node_secret": plan.node_secret,
                     "channel": list(plan.channel), "head": bool(plan.head), "group": group, "tag": tag})
         return job
 

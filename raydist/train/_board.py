@@ -9,7 +9,7 @@ outcome. The board also carries the little state the workers must agree on:
   the new group runs the unfinished job again from the start;
 - each job's rendezvous (rank 0's address and a fresh port), as torchrun
   would give it;
-- when to let the run end: on ``stop()``, or after ``keep_alive_s`` with no
+- when to let the run end: on ``stop()``, or after ``keep_warm_s`` with no
   job, so idle workers give their CPUs back.
 """
 
@@ -27,8 +27,8 @@ class JobBoard:
     """Actor class (made remote by :func:`board_actor`); all methods are
     coroutines, so a worker blocked in ``next_job`` never blocks the driver."""
 
-    def __init__(self, keep_alive_s: float) -> None:
-        self.keep_alive_s = keep_alive_s
+    def __init__(self, keep_warm_s: float) -> None:
+        self.keep_warm_s = keep_warm_s
         self.generation = 0
         self.world = 0
         self.workers: dict[int, Any] = {}
@@ -106,11 +106,11 @@ class JobBoard:
             if self.job is not None and self.job[0] > after and self.failure is None:
                 return self.job
             idle = time.monotonic() - self.last_active
-            if self.job is None and idle >= self.keep_alive_s:
+            if self.job is None and idle >= self.keep_warm_s:
                 self.stopped = True
                 await self._notify()
                 return None
-            await self._changes(self.keep_alive_s - idle)
+            await self._changes(self.keep_warm_s - idle)
 
     async def job_active(self, generation: int, seq: int) -> bool:
         """Whether a worker should go on with job ``seq``: false once the
@@ -192,10 +192,10 @@ class JobBoard:
         self.outcomes = {}
         self.last_active = time.monotonic()
 
-    async def set_keep_alive(self, keep_alive_s: float) -> None:
+    async def set_keep_warm(self, keep_warm_s: float) -> None:
         """How long idle workers now wait for a job before the run ends
         (counted from now: the driver says so just before a job)."""
-        self.keep_alive_s = keep_alive_s
+        self.keep_warm_s = keep_warm_s
         self.last_active = time.monotonic()
         await self._notify()
 
@@ -204,8 +204,8 @@ class JobBoard:
         await self._notify()
 
 
-def board_actor(keep_alive_s: float) -> Any:
+def board_actor(keep_warm_s: float) -> Any:
     """Start a board actor owned by this driver (no CPU; it only waits)."""
     import ray
 
-    return ray.remote(num_cpus=0, max_concurrency=1000)(JobBoard).remote(keep_alive_s)
+    return ray.remote(num_cpus=0, max_concurrency=1000)(JobBoard).remote(keep_warm_s)

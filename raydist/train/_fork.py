@@ -28,22 +28,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from raydist.engine.node.reaper import die_with_parent
+
 #: Outcome kinds of :func:`run_forked` and :func:`run_ranks`.
 OK, ERROR, LOST, CANCELLED = "ok", "error", "lost", "cancelled"
-
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """Have the kernel SIGKILL this process when the process that forked
-    (or spawned) it dies."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:  # not Linux: the parent's own cleanup still kills the child
-        pass
-
 
 @dataclass
 class Child:
@@ -112,7 +100,7 @@ def fork_job(
         code = 0
         try:
             os.close(read_fd)
-            die_with_parent()
+            die_with_parent(signal.SIGKILL)
             keep_destroyed_groups()
             os.environ.update(env)
             try:

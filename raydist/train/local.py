@@ -8,7 +8,7 @@ rank from it, with torchrun's environment and the driver's current
 environment, working directory and ``sys.path``. A child sees nothing an
 earlier run left behind, as a new process would, and the function is
 unpickled in the child, so edits to the user's modules between runs are
-seen. The forker ends after ``keep_alive_s`` without a run, when the driver
+seen. The forker ends after ``keep_warm_s`` without a run, when the driver
 ends (its stdin closes, and the kernel kills it with its parent), or at
 :meth:`LocalRun.close`.
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -58,8 +59,8 @@ class LocalRun:
     before the first run.
     """
 
-    def __init__(self, *, keep_alive_s: float, preload: tuple[str, ...] = ("torch",)) -> None:
-        self.keep_alive_s = keep_alive_s
+    def __init__(self, *, keep_warm_s: float, preload: tuple[str, ...] = ("torch",)) -> None:
+        self.keep_warm_s = keep_warm_s
         self.preload = preload
         self._proc: subprocess.Popen[bytes] | None = None
         self._replies: IO[bytes] | None = None
@@ -73,7 +74,7 @@ class LocalRun:
     def _start(self) -> None:
         read_fd, write_fd = os.pipe()
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "raydist.train.local", str(write_fd), str(self.keep_alive_s), *self.preload],
+            [sys.executable, "-m", "raydist.train.local", str(write_fd), str(self.keep_warm_s), *self.preload],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -125,7 +126,7 @@ class LocalRun:
             raise
 
     def _ended_idle(self) -> bool:
-        """Whether the forker ended by itself after ``keep_alive_s`` idle
+        """Whether the forker ended by itself after ``keep_warm_s`` idle
         (exit code 0), having taken no run."""
         if self._proc is None:
             return False
@@ -191,7 +192,7 @@ def _child_job(payload: bytes, env: dict[str, str], pickler: Any) -> Callable[[]
     return run
 
 
-def _serve(reply_fd: int, keep_alive_s: float) -> None:
+def _serve(reply_fd: int, keep_warm_s: float) -> None:
     import select
 
     from pyspark import cloudpickle
@@ -203,11 +204,11 @@ def _serve(reply_fd: int, keep_alive_s: float) -> None:
     first = True
     with os.fdopen(reply_fd, "wb") as replies:
         while True:
-            # The first run is on its way; after a run, wait keep_alive_s.
-            ready, _, _ = select.select([stdin], [], [], None if first else keep_alive_s)
+            # The first run is on its way; after a run, wait keep_warm_s.
+            ready, _, _ = select.select([stdin], [], [], None if first else keep_warm_s)
             first = False
             if not ready:
-                return  # idle for keep_alive_s: give the memory back
+                return  # idle for keep_warm_s: give the memory back
             data = _recv(stdin)
             if data is None:
                 return  # the driver is gone or closed us
@@ -226,10 +227,10 @@ def _serve(reply_fd: int, keep_alive_s: float) -> None:
 
 
 def _main(argv: list[str]) -> None:
-    from raydist.train._fork import die_with_parent
+    from raydist.engine.node.reaper import die_with_parent
 
-    die_with_parent()
-    reply_fd, keep_alive_s, *preload = argv
+    die_with_parent(signal.SIGKILL)
+    reply_fd, keep_warm_s, *preload = argv
     import importlib
 
     for name in preload:
@@ -237,7 +238,7 @@ def _main(argv: list[str]) -> None:
             importlib.import_module(name)
         except ImportError:
             pass
-    _serve(int(reply_fd), float(keep_alive_s))
+    _serve(int(reply_fd), float(keep_warm_s))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ and each new worker imports torch and Ray Train before the user's code runs:
 on a small machine that is most of a short job's wall time. A
 :class:`ResidentRun` starts one Ray Train run whose workers stay up and take
 jobs (plain functions) from a :mod:`job board <raydist.train._board>` until
-they have been idle ``keep_alive_s`` seconds. A second job then starts in the
+they have been idle ``keep_warm_s`` seconds. A second job then starts in the
 processes the first one warmed.
 
 What Ray Train still does: places the workers, restarts the whole group
@@ -153,7 +153,7 @@ class ResidentRun:
         resources_per_worker: Mapping[str, float] | None = None,
         use_gpu: bool = False,
         max_failures: int = 0,
-        keep_alive_s: float,
+        keep_warm_s: float,
         raydist_cluster: bool = True,
     ) -> None:
         self.workers = workers
@@ -161,7 +161,7 @@ class ResidentRun:
         self.raydist_cluster = raydist_cluster
         self.resources_per_worker = dict(resources_per_worker or {"CPU": 1})
         self.max_failures = max_failures
-        self.keep_alive_s = keep_alive_s
+        self.keep_warm_s = keep_warm_s
         self.result: Any = None
         """Ray Train's Result of the run, once it has ended."""
         self._board: Any = None
@@ -190,7 +190,7 @@ class ResidentRun:
         from raydist.train._fit import fit_ready
         from raydist.train._layout import layout_callback
 
-        self._board = board_actor(self.keep_alive_s)
+        self._board = board_actor(self.keep_warm_s)
         # Not TorchTrainer: each job makes its own process group, as under
         # torchrun, so Ray Train's would only be torn down again; and without
         # its torch backend neither this process nor the run's controller
@@ -291,13 +291,13 @@ class ResidentRun:
         error = getattr(self.result, "error", None)
         return f"{type(error).__name__}: {error}" if error is not None else "it stopped"
 
-    def keep_alive(self, keep_alive_s: float) -> None:
+    def keep_warm(self, keep_warm_s: float) -> None:
         """Change how long the workers stay warm without a job."""
         import ray
 
-        if self._board is not None and keep_alive_s != self.keep_alive_s:
-            ray.get(self._board.set_keep_alive.remote(keep_alive_s))
-            self.keep_alive_s = keep_alive_s
+        if self._board is not None and keep_warm_s != self.keep_warm_s:
+            ray.get(self._board.set_keep_warm.remote(keep_warm_s))
+            self.keep_warm_s = keep_warm_s
 
     def abandon(self) -> None:
         """End the run at once because this process is about to disconnect
@@ -403,18 +403,18 @@ class ResidentRuns:
         self._kept: _Kept | None = None
 
     def run(self, job: Callable[[], Any], *, workers: int, resources_per_worker: Mapping[str, float],
-            max_failures: int, keep_alive_s: float, use_gpu: bool = False, raydist_cluster: bool = True,
+            max_failures: int, keep_warm_s: float, use_gpu: bool = False, raydist_cluster: bool = True,
             inputs: RankInputs | None = None) -> Any:
         """Run ``job()`` on the resident run for these settings on the
         connected cluster (started if needed; ``raydist_cluster``: that
         cluster is raydist's own); rank 0's return value. ``inputs``: each
-        rank's own. One that differs only in ``keep_alive_s`` takes the new
+        rank's own. One that differs only in ``keep_warm_s`` takes the new
         value."""
         key = (connected_address(), workers, tuple(sorted(resources_per_worker.items())), use_gpu, max_failures)
-        kept = self._take(key, workers, resources_per_worker, use_gpu, max_failures, keep_alive_s,
+        kept = self._take(key, workers, resources_per_worker, use_gpu, max_failures, keep_warm_s,
                           raydist_cluster)
         try:
-            kept.run.keep_alive(keep_alive_s)
+            kept.run.keep_warm(keep_warm_s)
             return kept.run.run(job, inputs)
         finally:
             with self._changed:
@@ -422,7 +422,7 @@ class ResidentRuns:
                 self._changed.notify_all()
 
     def _take(self, key: tuple[Any, ...], workers: int, resources_per_worker: Mapping[str, float],
-              use_gpu: bool, max_failures: int, keep_alive_s: float, raydist_cluster: bool) -> _Kept:
+              use_gpu: bool, max_failures: int, keep_warm_s: float, raydist_cluster: bool) -> _Kept:
         with self._changed:
             self._changed.wait_for(lambda: self._kept is None or not self._kept.in_use)
             old = self._kept
@@ -430,7 +430,7 @@ class ResidentRuns:
                 old.in_use = True
                 return old
             new = _Kept(key, ResidentRun(workers=workers, resources_per_worker=resources_per_worker,
-                                         use_gpu=use_gpu, max_failures=max_failures, keep_alive_s=keep_alive_s,
+                                         use_gpu=use_gpu, max_failures=max_failures, keep_warm_s=keep_warm_s,
                                          raydist_cluster=raydist_cluster))
             self._kept = new
         if old is not None:

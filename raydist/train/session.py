@@ -465,13 +465,13 @@ class TrainingSession:
 
     # ----------------------------------------------------------- local runs
 
-    def local_run(self, keep_alive_s: float) -> LocalRun:
+    def local_run(self, keep_warm_s: float) -> LocalRun:
         """The local forker (started on its first run)."""
         from raydist.train.local import LocalRun
 
         with self._lock:
-            if self._local is None or self._local.keep_alive_s != keep_alive_s:
-                old, self._local = self._local, LocalRun(keep_alive_s=keep_alive_s)
+            if self._local is None or self._local.keep_warm_s != keep_warm_s:
+                old, self._local = self._local, LocalRun(keep_warm_s=keep_warm_s)
             else:
                 old = None
             local = self._local

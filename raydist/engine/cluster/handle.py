@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,8 +29,8 @@ from raydist.engine.connection import process_ray
 from raydist.engine.node.launch import HEAD_PORTS
 from raydist.engine.ports import gcs_host
 from raydist.errors import ClusterNotReadyError, SpecError
-from raydist.jobs import Jobs
 from raydist.paths import logs_dir
+from raydist.ray_jobs import RayJobs
 from raydist.spec import ClusterStatus, State
 
 if TYPE_CHECKING:
@@ -97,13 +98,18 @@ class RayCluster(LinkRouter):
         (``RAY_ADDRESS`` and the auth token)."""
         return {"RAY_ADDRESS": self.address, **self._token.env()}
 
-    def jobs(self) -> Jobs:
+    def ray_jobs(self) -> RayJobs:
         """This cluster's Ray jobs (it needs ``dashboard=True``)."""
-        return Jobs(self.name, self.dashboard_url, self._token.reveal())
+        return RayJobs(self.name, self.dashboard_url, self._token.reveal())
+
+    def jobs(self) -> RayJobs:
+        """Deprecated name of :meth:`ray_jobs` ("jobs" alone also meant Spark's)."""
+        warnings.warn("cluster.jobs() is now cluster.ray_jobs()", DeprecationWarning, stacklevel=2)
+        return self.ray_jobs()
 
     def submit(self, entrypoint: str | Sequence[str], **options: Any) -> str:
-        """Submit a Ray job (``Jobs.submit``: working_dir, pip, env); returns its id."""
-        return self.jobs().submit(entrypoint, **options)
+        """Submit a Ray job (``RayJobs.submit``: working_dir, pip, env); returns its id."""
+        return self.ray_jobs().submit(entrypoint, **options)
 
     def export_env(self) -> None:
         """Make this cluster this process's default Ray cluster, as
@@ -213,7 +219,7 @@ class RayCluster(LinkRouter):
     def dashboard(self, *, stop: bool = False) -> str:
         """Ray's dashboard for this cluster, started now when it has none
         (a cluster runs without it unless made with ``dashboard=True``): its
-        URL, which also serves Ray Jobs from then on (:meth:`jobs`). It runs
+        URL, which also serves Ray Jobs from then on (:meth:`ray_jobs`). It runs
         until the cluster goes down, or until ``dashboard(stop=True)``, which
         returns "". Takes a few seconds the first time; ClusterNotReadyError
         while the head is not up, or when it could not start."""

@@ -95,7 +95,7 @@ class ClusterLifecycle:
         self._uid = secrets.token_hex(4)
         self._group = f"raydist-{spec.name}-{self._uid}"
         self._temp_root = os.path.join("/tmp", f"raydist-{self._uid}")
-        self._link_keys = NodeKeys()  # the link's secret: it stays in this process
+        self._node_keys = NodeKeys()  # the link's secret: it stays in this process
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._stopping = threading.Event()
@@ -107,10 +107,11 @@ class ClusterLifecycle:
         self._events: deque[tuple[float, str]] = deque(maxlen=200)
         # An elastic cluster starts min_workers nodes and follows Ray's demand (engine/cluster/scaler.py).
         self._pool = WorkerPool(spec.required_workers if elastic(spec) else spec.desired_workers)
-        self._jobs = WorkerJobs(spark, group=self._group, cluster=spec.name, temp_root=self._temp_root,
+        self._node_jobs = WorkerJobs(spark, group=self._group, cluster=spec.name, temp_root=self._temp_root,
                                 stopping=self._stopping, on_lost=self._on_worker_lost, record=self._record,
-                                issue=self._link_keys.issue)
-        self._scaler = Scaler(self._pool, start=self._jobs.start, cancel=self._jobs.cancel, record=self._record)
+                                issue=self._node_keys.issue)
+        self._scaler = Scaler(self._pool, start=self._node_jobs.start, cancel=self._node_jobs.cancel,
+                              record=self._record)
         self._cpus = 0  # CPUs per worker node, once launched
         self._demand = DemandParts()  # an elastic head's readings, put back together
         # A Connect client may be a laptop the executors cannot reach: its
@@ -210,7 +211,7 @@ class ClusterLifecycle:
             for link in channel.links().values():
                 link.closed.wait(max(0.0, deadline - time.monotonic()))
         side_of(self._spark).cancel(group=self._group)
-        self._jobs.close(deadline)
+        self._node_jobs.close(deadline)
         thread = self._head.thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(max(0.1, deadline - time.monotonic()))
@@ -222,7 +223,7 @@ class ClusterLifecycle:
             log.warning("cluster %s: some local Ray processes outlived the teardown deadline", self.name)
         shutil.rmtree(self._temp_root, ignore_errors=True)
         for slot in self._pool.every():
-            shutil.rmtree(self._jobs.temp_dir(slot), ignore_errors=True)
+            shutil.rmtree(self._node_jobs.temp_dir(slot), ignore_errors=True)
         with self._lock:
             for slot in self._pool.every():
                 slot.up = False
@@ -269,7 +270,7 @@ class ClusterLifecycle:
         driver_ip = route_ip(side_of(self._spark).driver_host())
         # Behind a relay nothing dials this process: its channel listens on
         # loopback only and adopts the connections it dials out.
-        self._channel = NodeChannel("127.0.0.1" if self._head.relay else driver_ip, self._link_keys,
+        self._channel = NodeChannel("127.0.0.1" if self._head.relay else driver_ip, self._node_keys,
                                     self._on_link, ports=None if self._head.relay else self._link_ports)
         if self._head.in_task:
             head_ip, ports = "", dict(self._head_ports)  # the head's task picks its host's ports
@@ -278,16 +279,16 @@ class ClusterLifecycle:
             ports = {name: preferred_or_free_port(head_ip, self._head_ports.get(name), taken)
                      for name in HEAD_PORTS}
             self._set_addresses(head_ip, ports)
-        head, self._jobs.plan = node_plans(
+        head, self._node_jobs.plan = node_plans(
             spec, cap, cpus, head_ip=head_ip, ports=ports, channel=(driver_ip, self._channel.port),
-            head_secret=self._link_keys.issue(HEAD_KEY), secret_env=self._token.env(), temp_dir=self._temp_root,
+            head_node_secret=self._node_keys.issue(HEAD_KEY), secret_env=self._token.env(), temp_dir=self._temp_root,
         )
         self._record("submitting the head's Spark task" if self._head.in_task else f"starting head at {self.address}")
         self._head.start(dataclasses.replace(head, relay=self._head.relay), spark=self._spark, group=self._group,
                          cluster=self.name, head_cpus=spec.head_cpus, head_gpus=spec.head_gpus,
                          on_job_end=self._on_head_job_end)
         try:
-            self._jobs.profile = spark_side.resource_profile(self._spark, cpus, spec.gpus_per_worker)
+            self._node_jobs.profile = spark_side.resource_profile(self._spark, cpus, spec.gpus_per_worker)
         except Exception as exc:  # noqa: BLE001 - stage-level scheduling is optional
             log.info("no stage-level scheduling (%s); using the default task resources", exc)
         if self._head.relay:
@@ -295,10 +296,10 @@ class ClusterLifecycle:
         self._cpus = cpus
         with self._lock:
             for slot in self._pool.active():
-                self._jobs.start(slot)  # once a slot: one resized in before launch is started already
-        self._jobs.begin()
+                self._node_jobs.start(slot)  # once a slot: one resized in before launch is started already
+        self._node_jobs.begin()
         if elastic(spec) and len(self._pool.active()) < spec.desired_workers:
-            self._jobs.warm(cap.executors)  # nodes added later skip Spark's Python worker start
+            self._node_jobs.prestart(cap.executors)  # nodes added later skip Spark's Python worker start
 
     def _dial_relay(self) -> None:
         """Wait for the head's task to say where its relay and GCS listen,
@@ -309,10 +310,10 @@ class ClusterLifecycle:
             raise ClusterFailedError(self._message if self._state == State.FAILED else
                                      f"the head's Spark task did not start within {self.spec.start_timeout_s:g} s")
         host, port = address.rsplit(":", 1)
-        assert self._jobs.plan is not None
-        self._jobs.plan = dataclasses.replace(self._jobs.plan, channel=(host, int(port)), gcs_address=gcs)
+        assert self._node_jobs.plan is not None
+        self._node_jobs.plan = dataclasses.replace(self._node_jobs.plan, channel=(host, int(port)), gcs_address=gcs)
         assert self._channel is not None
-        self._dialer = RelayDialer((host, int(port)), relay_key(self._link_keys.issue(HEAD_KEY)), self._channel.adopt)
+        self._dialer = RelayDialer((host, int(port)), relay_key(self._node_keys.issue(HEAD_KEY)), self._channel.adopt)
         self._record(f"node links through the head's relay at {address}")
 
     def _set_addresses(self, head_ip: str, ports: Mapping[str, int]) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 
 from raydist.backoff import Backoff
 from raydist.engine.cluster.slot import WorkerSlot, first_error_line
-from raydist.engine.node.launch import NodePlan, run_worker_node, warm_executor
+from raydist.engine.node.launch import NodePlan, prestart_python_worker, run_worker_node
 from raydist.engine.spark.side import SparkJob, SparkSide
 from raydist.engine.spark.sides import side_of
 
@@ -67,7 +67,7 @@ class _Running:
 class WorkerJobs:
     """Runs worker slots' Spark jobs for one cluster. ``plan`` (the workers'
     plan) and ``profile`` (their ResourceProfile, or None) are set at launch;
-    ``issue`` gives each slot's node its own link key; ``on_lost(slot,
+    ``issue`` gives each slot's node its own node secret; ``on_lost(slot,
     reason)`` is told of every end of a slot's job and returns whether to
     submit it again. ``side`` is the session's engine view (``side_of(spark)``
     by default)."""
@@ -86,7 +86,7 @@ class WorkerJobs:
         self.plan: NodePlan | None = None
         self.profile: Any = None
         self._cond = threading.Condition()
-        self._asks: deque[tuple[str, Any]] = deque()  # ("start"|"cancel"|"warm", slot or count)
+        self._asks: deque[tuple[str, Any]] = deque()  # ("start"|"cancel"|"prestart", slot or count)
         self._running: dict[str, _Running] = {}  # by slot key (this thread's alone)
         self._timers: list[tuple[float, int, WorkerSlot]] = []  # resubmissions due (this thread's alone)
         self._failures: dict[str, int] = {}
@@ -120,12 +120,12 @@ class WorkerJobs:
         """Cancel ``slot``'s jobs (running or still waiting for a task slot)."""
         self._ask("cancel", slot)
 
-    def warm(self, executors: int) -> None:
+    def prestart(self, executors: int) -> None:
         """Run one short task per executor (as Spark spreads them) with the
         workers' task resources, so that the nodes an elastic cluster adds
         later find each executor's Python worker daemon running. In the
         cluster's job group: teardown cancels it."""
-        self._ask("warm", executors)
+        self._ask("prestart", executors)
 
     def close(self, deadline: float) -> None:
         """After the cluster's group was cancelled: stop submitting, and
@@ -186,8 +186,8 @@ class WorkerJobs:
                 arg.in_spark = False
             elif what == "cancel":
                 self._side.cancel(tag=self._tag(arg))  # the node's own stop ends its job anyway
-            elif what == "warm" and not closing:
-                self._side.submit(warm_executor, arg, group=self._group, profile=self.profile,
+            elif what == "prestart" and not closing:
+                self._side.submit(prestart_python_worker, arg, group=self._group, profile=self.profile,
                                   description=f"raydist cluster {self._cluster}: warm the executors for new nodes")
         ended = self._side.ended([r.job for r in self._running.values()]) if self._running else []
         runs = {id(r.job): r for r in self._running.values()} if ended else {}
@@ -212,7 +212,7 @@ class WorkerJobs:
             slot.in_spark = False
             return
         assert self.plan is not None
-        plan = dataclasses.replace(self.plan, key=slot.key, link_secret=self._issue(slot.key),
+        plan = dataclasses.replace(self.plan, key=slot.key, node_secret=self._issue(slot.key),
                                    temp_dir=self.temp_dir(slot))
         run = _Running(slot, _Failed(""), time.monotonic())
         try:

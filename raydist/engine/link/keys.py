@@ -77,10 +77,10 @@ def node_proof(node_secret: str, hello: dict[str, Any], nonce: str) -> str:
     return _mac(node_secret, "node", _said(hello), nonce)
 
 
-def relay_key(head_secret: str) -> str:
+def relay_key(head_node_secret: str) -> str:
     """The key the head's relay admits the driver with (the head's task holds
     the head's key; the relay never learns the cluster's secret)."""
-    return _mac(head_secret, "relay")
+    return _mac(head_node_secret, "relay")
 
 
 def relay_proof(relay_secret: str, purpose: str, nonce: str) -> str:

@@ -53,14 +53,14 @@ HEAD_PORTS = ("gcs", "dashboard", "client")
 class NodePlan:
     """Everything a supervisor needs to run one node; pickled into Spark tasks.
 
-    ``link_secret`` is this node's own link key (:mod:`raydist.engine.link.keys`),
+    ``node_secret`` is this node's own node secret (:mod:`raydist.engine.link.keys`),
     never the cluster's; ``secret_env`` holds the Ray token. The repr hides both.
     """
 
     cluster: str
     key: str
     channel: tuple[str, int]
-    link_secret: str
+    node_secret: str
     secret_env: Mapping[str, str]
     gcs_address: str = ""
     head: bool = False
@@ -94,12 +94,12 @@ def node_plans(
     head_ip: str,
     ports: Mapping[str, int],
     channel: tuple[str, int],
-    head_secret: str,
+    head_node_secret: str,
     secret_env: Mapping[str, str],
     temp_dir: str,
 ) -> tuple[NodePlan, NodePlan]:
-    """The head's plan (with the head's link key, ``head_secret``) and the
-    plan every worker's is made from (its key, link key and temp dir filled
+    """The head's plan (with the head's node secret, ``head_node_secret``) and the
+    plan every worker's is made from (its key, node secret and temp dir filled
     in per worker), for ``spec`` on Spark of ``cap`` with
     ``cpus`` per worker node. With ``head_ip`` empty the head runs in a Spark
     task: ``ports`` are only preferences it tries on its host, and workers
@@ -119,7 +119,7 @@ def node_plans(
     )
     head = NodePlan(
         key=HEAD_KEY,
-        link_secret=head_secret,
+        node_secret=head_node_secret,
         head=True,
         cpus=spec.head_cpus,
         gpus=spec.head_gpus,
@@ -134,7 +134,7 @@ def node_plans(
     )
     worker = NodePlan(
         key="",
-        link_secret="",
+        node_secret="",
         cpus=cpus,
         gpus=spec.gpus_per_worker,
         memory=spec.memory_per_worker,  # type: ignore[arg-type]
@@ -245,7 +245,7 @@ def spawn_supervisor(plan: NodePlan, *, argv: list[str], node_ip: str, env: Mapp
     cfg = {
         "key": plan.key,
         "channel": list(plan.channel),
-        "secret": plan.link_secret,
+        "node_secret": plan.node_secret,
         "argv": argv,
         "env": {**env, **plan.secret_env},
         "node_ip": node_ip,
@@ -323,10 +323,10 @@ def run_worker_node(plan: NodePlan) -> str:
     return _run_in_task(plan)
 
 
-def warm_executor() -> str:
-    """Body of a warm-up task: nothing but being run. Spark starts an
+def prestart_python_worker() -> str:
+    """Body of a prestart task: nothing but being run. Spark starts an
     executor's Python worker daemon for the first Python task with given
-    task resources (about 1.5 s here); a warm-up task with a worker node's
+    task resources (about 1.5 s here); a prestart task with a worker node's
     resources takes that off the first scale-up. Returns this host's name."""
     return socket.gethostname()
 
@@ -346,7 +346,7 @@ def run_head_node(plan: NodePlan, announce: Callable[[str], None] | None = None)
     plan = replace(plan, head_ports=ports, node_ip=node_ip)
     if not plan.relay:
         return _run_in_task(plan)
-    relay = LinkRelay(node_ip, relay_key(plan.link_secret))
+    relay = LinkRelay(node_ip, relay_key(plan.node_secret))
     try:
         # The head starts before the announcement: `ray start --head` runs
         # while the driver learns where the relay is and links the node.

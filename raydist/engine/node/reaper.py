@@ -35,15 +35,21 @@ def become_subreaper() -> None:
         pass
 
 
-def die_with_parent() -> None:
-    """In ``ray start``'s child: SIGTERM it when the supervisor dies. ``ray
-    start --block`` then stops its node as on a normal shutdown (the raylet
-    leaves the GCS at once, so the cluster sees the node gone), and Ray's own
-    processes fate-share with it. The sentinel kills what is left."""
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Have the kernel send ``sig`` to this process when the process that
+    forked or spawned it dies; the one way raydist ties a child's life to its
+    parent's.
+
+    In ``ray start``'s child (SIGTERM, the default): ``ray start --block``
+    then stops its node as on a normal shutdown (the raylet leaves the GCS at
+    once, so the cluster sees the node gone), and Ray's own processes
+    fate-share with it; the sentinel kills what is left. A forked training
+    rank takes SIGKILL (:mod:`raydist.train._fork`): it has nothing to hand
+    over."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
+        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the parent's own cleanup still ends the child
         pass
 
 

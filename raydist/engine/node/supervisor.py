@@ -139,7 +139,7 @@ class Supervisor:
         sock = socket.create_connection((host, int(port)), timeout=HANDSHAKE_S)
         try:
             enable_keepalive(sock)
-            _, rest, frames = say_hello(sock, self.cfg["key"], self.cfg["secret"], host=socket.gethostname(),
+            _, rest, frames = say_hello(sock, self.cfg["key"], self.cfg["node_secret"], host=socket.gethostname(),
                                         pid=os.getpid(), incarnation=self.incarnation, resume=resume)
             sock.settimeout(self.idle_s)  # a send to a silent peer fails too, instead of hanging
             self._frames_of[sock] = frames
