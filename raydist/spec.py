@@ -11,7 +11,6 @@ engine (``RayCluster.status()``) and recorded by the control plane's store.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 import re
 from collections.abc import Mapping
@@ -20,6 +19,7 @@ from types import MappingProxyType
 from typing import Any
 
 from raydist.errors import SpecError
+from raydist.observed import ClusterStatus, NodeStatus, State
 
 __all__ = [
     "check_name",
@@ -410,56 +410,6 @@ class ClusterSpec:
                 shown = dict(value) if isinstance(value, Mapping) else value
                 parts.append(f"{f.name}={shown!r}")
         return f"ClusterSpec({', '.join(parts)})"
-
-
-class State(str, enum.Enum):
-    """Lifecycle of a cluster; the same names as the control plane's proto enum."""
-
-    CREATING = "CREATING"
-    RUNNING = "RUNNING"
-    DEGRADED = "DEGRADED"
-    DELETING = "DELETING"
-    DELETED = "DELETED"
-    FAILED = "FAILED"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (State.DELETED, State.FAILED)
-
-
-@dataclass(frozen=True)
-class NodeStatus:
-    """One Ray node as observed."""
-
-    key: str
-    up: bool
-    host: str = ""
-    node_ip: str = ""
-    cpus: int = 0
-    gpus: float = 0.0
-    gpu_ids: tuple[str, ...] = ()
-    restarts: int = 0
-    message: str = ""
-    idle_s: float = 0.0
-    ray_node_id: str = ""
-
-
-@dataclass(frozen=True)
-class ClusterStatus:
-    """What a cluster looks like now (the observed state)."""
-
-    name: str
-    state: State
-    ready_workers: int
-    desired_workers: int
-    message: str = ""
-    address: str = ""
-    client_address: str = ""
-    dashboard_url: str = ""
-    nodes: tuple[NodeStatus, ...] = ()
-    created_at: float = 0.0
-    updated_at: float = 0.0
-    idle_workers: int = 0
 
 
 # Proto conversion -----------------------------------------------------------

@@ -94,12 +94,13 @@ def test_compat_uses_only_the_training_runtimes_public_seam() -> None:
 #: layer's and lower ones (the package root runs first for any import: not a layer).
 LAYERS = (
     ("raydist._proto",),
-    ("raydist.errors", "raydist.paths", "raydist.spec", "raydist.backoff"),
+    ("raydist.errors", "raydist.paths", "raydist.spec", "raydist.observed", "raydist.backoff"),
     ("raydist.engine", "raydist.jobs", "raydist.ray_jobs"),
     ("raydist.data", "raydist.train"),
     ("raydist.compat", "raydist.control"),
     ("raydist.api",),
-    ("raydist.cli", "raydist.cli_jobs", "raydist.cli_view", "raydist.cli_dashboard", "raydist.testing"),
+    ("raydist.cli", "raydist.cli_jobs", "raydist.cli_view", "raydist.cli_dashboard", "raydist.cli_serve",
+     "raydist.testing"),
 )
 
 

@@ -17,8 +17,8 @@ import time
 import psutil
 import pytest
 
-from raydist.engine.link.channel import _MAX_PENDING, NodeChannel, NodeLink
-from raydist.engine.link.handshake import MAX_PENDING_PER_SOURCE
+from raydist.engine.link.channel import NodeChannel, NodeLink
+from raydist.engine.link.handshake import MAX_PENDING, MAX_PENDING_PER_SOURCE
 from raydist.engine.link.keys import NodeKeys, say_hello
 from raydist.engine.link.wire import LineReader
 
@@ -440,7 +440,7 @@ def test_a_flood_of_strangers_from_another_host_cannot_push_out_a_slow_hello() -
             during = made[0] - before
             say_hello(real, "w0", secret, host="h", pid=1, incarnation="i", resume=False)
             heard = rec.wait("hello", timeout=5)
-        assert during > _MAX_PENDING  # more strangers came meanwhile than the channel holds waiting
+        assert during > MAX_PENDING  # more strangers came meanwhile than the channel holds waiting
         assert heard
     finally:
         stop.set()

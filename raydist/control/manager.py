@@ -12,12 +12,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from raydist.control import forward
 from raydist.control.protos import ClusterProtos, ts
+from raydist.control.reach import ClusterReach
+from raydist.control.recovery import ClusterRecovery
 from raydist.control.sparkhost import SparkHost
 from raydist.control.store import ClusterRow, Store
 from raydist.control.tenants import Quota, owner_of
-from raydist.engine import nodelogs
 from raydist.engine.auth import RayToken
 from raydist.engine.cluster import RayCluster
 from raydist.engine.cluster.slot import NodeCounters
@@ -25,11 +25,9 @@ from raydist.errors import (
     ClusterExistsError,
     ClusterNotFoundError,
     ClusterNotReadyError,
-    ControlPlaneUnavailableError,
     QuotaExceededError,
     SpecError,
 )
-from raydist.paths import logs_dir
 from raydist.spec import ClusterSpec, State, check_name, spec_from_proto, spec_to_proto
 
 __all__ = ["ClusterManager", "ts"]
@@ -45,12 +43,9 @@ _SYNC_S = 0.1
 #: How long shutdown waits for each delete in flight.
 _DELETE_WAIT_S = 60.0
 
-#: GetNodeLogs' default and largest answer (bytes of log text).
-_LOG_BYTES_DEFAULT = 256 << 10
-_LOG_BYTES_MAX = 1 << 20
 
 
-class ClusterManager:
+class ClusterManager(ClusterReach, ClusterRecovery):
     """The control plane's clusters: engine objects, store rows, cached protos."""
 
     def __init__(self, store: Store, spark_factory: Callable[[], Any], on_change: Callable[[str], None], *,
@@ -96,39 +91,6 @@ class ClusterManager:
     def _head_in_task(self, name: str) -> bool:
         # A tenant's own application is a Connect server: no driver here to hold a head.
         return self._heads_in_tasks or owner_of(name) in self.tenant_hosts
-
-    def spark_died(self, host: SparkHost | None = None) -> list[str]:
-        """``host``'s SparkContext (the control plane's own when None) died:
-        its JVM was killed, it stopped itself, and every cluster on it died
-        with it. Tear what is left of them down, mark each CREATING when its
-        spec asks to come back (returned, for :meth:`restart` once a new
-        session runs) or FAILED with the reason, and let go of the dead
-        session. Clusters on the other Sparks are not touched."""
-        from raydist.engine.spark.sides import side_of
-
-        host = host or self.spark_host
-        spark = host.lose("its SparkContext died; a new one is starting")
-        with self._lock:
-            engines = {name: engine for name, engine in self._engines.items() if self.host_of(name) is host}
-            for name in engines:
-                del self._engines[name]
-        for name, engine in engines.items():
-            try:
-                engine.down(timeout=15.0)
-            except Exception:  # noqa: BLE001 - as much as can be torn down
-                log.exception("tearing down %s after Spark died", name)
-        back = []
-        with self._lock:
-            for name in engines:
-                row = self._store.get(name)
-                if row is None or row.state in (State.DELETED.value, State.DELETING.value):
-                    continue
-                if self._ended(row, back="the control plane's Spark died; starting again",
-                               failed="the control plane's Spark died, and the cluster with it"):
-                    back.append(name)
-        if spark is not None:
-            side_of(spark).discard()
-        return back
 
     # reads (from memory) ----------------------------------------------------
 
@@ -194,105 +156,6 @@ class ClusterManager:
                     self._store.add_event(name, row.state, f"{said}, asked by {who}")
         self._sync(name)
         return self.get(name)
-
-    def credentials(self, name: str, who: str) -> Any:
-        """How to reach cluster ``name`` (its Ray token included); records
-        that ``who`` asked, as an event, never the token."""
-        engine = self._running(name, "credentials")
-        if not engine.address:  # a head that is not up yet
-            raise ClusterNotReadyError(f"cluster {name!r} has no address yet: wait for it (`raydist status {name}`)")
-        self._store.add_event(name, engine.state.value, f"credentials given to {who or 'a caller'}")
-        self._on_change(name)
-        return self._pb.ClusterCredentials(
-            name=name, address=engine.address, client_address=engine.client_address,
-            dashboard_url=engine.dashboard_url, ray_token=engine.token.reveal())
-
-    def _running(self, name: str, what: str) -> RayCluster:
-        """Cluster ``name``'s engine while RUNNING or DEGRADED; else
-        ClusterNotFoundError, or ClusterNotReadyError naming ``what`` it has
-        only then."""
-        check_name(name, full=True)
-        with self._lock:
-            row = self._store.get(name)
-            if row is None:
-                raise ClusterNotFoundError(name)
-            engine = self._engines.get(name)
-            state = State(row.state)
-        if engine is None or state not in (State.RUNNING, State.DEGRADED):
-            raise ClusterNotReadyError(f"cluster {name!r} is {state.value}: it has {what} only while RUNNING or "
-                                       f"DEGRADED; wait for it (`raydist status {name}`) or create it again")
-        return engine
-
-    def dashboard(self, name: str, stop: bool) -> Any:
-        """SetDashboard: Ray's dashboard on ``name``'s head, started now when
-        it has none (blocks while it starts: run it off the event loop)."""
-        url = self._running(name, "a dashboard").dashboard(stop=stop)
-        return self._pb.Dashboard(name=name, url=url)
-
-    def dashboard_address(self, name: str) -> tuple[str, int]:
-        """Where ``name``'s dashboard listens (for ForwardDashboard);
-        ClusterNotReadyError when it runs none."""
-        url = self._running(name, "a dashboard").dashboard_url
-        if not url:
-            raise ClusterNotReadyError(f"cluster {name!r} runs no Ray dashboard now: start it first "
-                                       f"(raydist dashboard NAME)")
-        return forward.host_port(url)
-
-    def node_logs(self, request: Any) -> Any:
-        """GetNodeLogs: one node's log files, read now by its supervisor
-        (blocks up to 10 s: run it off the event loop); or, with ``run``,
-        what a teardown of the cluster kept, from this server's disk."""
-        name = check_name(request.name, full=True)
-        if request.offset < 0 or not 0 <= request.max_bytes <= _LOG_BYTES_MAX:
-            field = "offset" if request.offset < 0 else "max_bytes"
-            raise SpecError(field, getattr(request, field), f"expected offset >= 0 and 0 <= max_bytes <= "
-                                                             f"{_LOG_BYTES_MAX} (0: {_LOG_BYTES_DEFAULT})")
-        nodelogs.check_grep(request.grep)
-        if request.run:
-            return self._kept_logs(name, request)
-        if not request.node or len(request.node) > 64:
-            raise SpecError("node", request.node[:70], "give the node's index as `raydist status NAME` lists it, "
-                                                       "its key (head, w0...) or a prefix of its Ray node id")
-        with self._lock:
-            if self._store.get(name) is None:
-                raise ClusterNotFoundError(name)
-            engine = self._engines.get(name)
-        if engine is None:
-            raise ClusterNotReadyError(f"cluster {name!r} runs no nodes now; what its last teardown kept of "
-                                       "its nodes' logs: raydist logs NAME --run last")
-        try:
-            key, files = engine.node_logs(request.node, name=request.file, offset=request.offset,
-                                          max_bytes=request.max_bytes or _LOG_BYTES_DEFAULT)
-        except TimeoutError as exc:
-            raise ClusterNotReadyError(f"cluster {name!r}: {exc}") from None
-        pb = self._pb
-        # offset: where the bytes read start in the file (what a follower counts on), lines kept or not.
-        read = [(f, size, request.offset if request.offset else size - len(data), nodelogs.grep_lines(
-            data, request.grep)) for f, size, data in files]
-        return pb.NodeLogs(name=name, node=key, files=[
-            pb.LogFile(name=f, size=size, offset=offset, data=data) for f, size, offset, data in read
-            if data or not request.grep])
-
-    def _kept_logs(self, name: str, request: Any) -> Any:
-        """GetNodeLogs with ``run``: the files a teardown of ``name`` kept
-        (``RAYDIST_HOME/logs``), found whether or not the cluster still runs
-        or is still listed: the logs outlive it. Each file is named NODE/FILE."""
-        if request.offset:
-            raise SpecError("offset", request.offset, "0 with run: a kept file is read whole, newest first")
-        if len(request.run) > 32:
-            raise SpecError("run", request.run[:40], "'last' or a kept run's name (YYYYmmdd-HHMMSS)")
-        if len(request.node) > 64:
-            raise SpecError("node", request.node[:70], "a node's key (head, w0...)")
-        if not nodelogs.kept_runs(logs_dir(), name):
-            with self._lock:
-                if self._store.get(name) is None:  # neither listed nor ever kept: no such cluster
-                    raise ClusterNotFoundError(name)
-        _run, files = nodelogs.read_kept(logs_dir(), name, run=request.run, node=request.node, grep=request.grep,
-                                         max_bytes=request.max_bytes or _LOG_BYTES_DEFAULT)
-        pb = self._pb
-        return pb.NodeLogs(name=name, node=request.node, files=[
-            pb.LogFile(name=f"{node}/{file}", size=size, offset=max(0, size - len(data)), data=data)
-            for node, file, size, data in files])
 
     def list(self, page_size: int, page_token: str, visible: Callable[[str], bool] = lambda _name: True,
              full_name: Callable[[str], str] = lambda name: name) -> tuple[list[Any], str]:
@@ -529,89 +392,6 @@ class ClusterManager:
         return self._store.last_event_id(name)
 
     # restart and shutdown ---------------------------------------------------
-
-    def reconcile(self) -> list[str]:
-        """After a restart, before serving: every cluster the last server ran
-        is marked CREATING when its spec asks to come back (returned, for
-        :meth:`restart`), else FAILED with the reason; no row is dropped. The
-        old server's Ray processes died with it (their supervisors watch it).
-        Rows are taken one by one: one that cannot be read, or whose spec the
-        current rules reject (written before a rule was added), is FAILED
-        with the reason, and the rest come back. Store writes only: it does
-        not wait for Spark."""
-        restart = []
-        for name, row, why in self._store.scan():
-            try:
-                if row is not None:
-                    ClusterSpec.from_dict(row.spec)  # today's rules
-            except Exception as exc:  # noqa: BLE001 - the reason goes to the row
-                why = f"its spec breaks a rule of this version: {exc}"
-            if row is None or why:
-                message = (f"the control plane could not bring this cluster back: {why}. Delete it "
-                           f"(raydist down {name}) and create it again")[:2000]
-                log.warning("cluster %s: %s", name, message)
-                if row is None or row.state != State.FAILED.value or row.message != message:
-                    self._store.mark_failed(name, message)
-                    self._store.add_event(name, State.FAILED.value, message)
-                self._protos.unreadable(name, message)
-                continue
-            if row.state == State.DELETING.value:
-                # Asked to go, and its processes went with the last server.
-                row.state, row.message, row.ready_workers = State.DELETED.value, "deleted (the control plane " \
-                    "restarted while tearing it down)", 0
-                row.address = row.client_address = row.dashboard_url = ""
-                self._store.put(row)
-                self._store.add_event(row.name, row.state, row.message)
-            elif row.state not in (State.DELETED.value, State.FAILED.value) and self._ended(
-                    row, back="control plane restarted; starting again", refresh=False,
-                    failed="the control plane restarted; the cluster's Ray processes were stopped with it"):
-                restart.append(row.name)
-            self._store.prune(row.name)
-            self._refresh(row)
-        return restart
-
-    def restart(self, names: list[str]) -> None:
-        """Start again the clusters :meth:`reconcile` marked (in the
-        background, once the server serves). One that Spark cannot fit, or
-        that fails to start, is FAILED with the reason; its row stays. Each
-        Spark's clusters wait for that Spark alone: a tenant's application
-        that is down holds back no other's."""
-        by_host: dict[SparkHost, list[str]] = {}
-        for name in names:
-            by_host.setdefault(self.host_of(name), []).append(name)
-        waits = [threading.Thread(target=self._restart_on, args=(host, some), name="raydist-restart-wait",
-                                  daemon=True) for host, some in by_host.items()]
-        for wait in waits:
-            wait.start()
-        for wait in waits:
-            wait.join()
-
-    def _restart_on(self, host: SparkHost, names: list[str]) -> None:
-        from raydist.engine.spark import session as spark_side
-
-        for name in names:
-            row = self._store.get(name)
-            if row is None or row.state != State.CREATING.value:
-                continue  # deleted meanwhile
-            spec = ClusterSpec.from_dict(row.spec)
-            while True:  # a row waits (CREATING) while Spark is retried
-                try:
-                    spark = host.session
-                    break
-                except ControlPlaneUnavailableError:
-                    time.sleep(2.0)
-            try:
-                cap = spark_side.capacity(spark)
-                spark_side.check_fits(spec, cap, head_in_task=self._head_in_task(name))
-            except Exception as exc:  # noqa: BLE001 - the reason goes to the row, the server keeps serving
-                self._fail(name, f"could not start again after the control plane restarted: {exc}")
-                continue
-            with self._lock:
-                row = self._store.get(name)
-                if row is None or row.state != State.CREATING.value:
-                    continue  # deleted while Spark came up
-                self._starting[name] = row.created
-            threading.Thread(target=self._start, args=(spec, row), name=f"raydist-restart-{name}", daemon=True).start()
 
     def _fail(self, name: str, message: str, engine_of: float | None = None) -> None:
         """Mark ``name`` FAILED with ``message``; ``engine_of``: only if its row

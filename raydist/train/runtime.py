@@ -12,15 +12,10 @@ from raydist.train._env import scoped_env
 from raydist.train._inputs import RankInputs
 from raydist.train._keras2 import use_keras2_everywhere
 from raydist.train._mlflow import tracked_run
+from raydist.train._resources import driver_gpus, spark_task_resources
 from raydist.train._signals import keyboard_interrupts
 from raydist.train._torchrun import TorchrunTrainer
-from raydist.train.session import (
-    DEFAULT_KEEP_WARM_S,
-    TrainingSession,
-    driver_gpus,
-    spark_task_resources,
-    training_session,
-)
+from raydist.train.session import DEFAULT_KEEP_WARM_S, TrainingSession, training_session
 from raydist.train.session_rules import gpu_run_shape
 
 __all__ = [

@@ -13,10 +13,9 @@ outlives one run:
   stays, for the next run to grow again (a head in a task of its own, on
   Connect, goes too). The decisions are the pure rules of
   :mod:`raydist.train.session_rules`;
-- the resident (warm) Ray Train run on the cluster this process is connected
-  to (:class:`~raydist.train.resident.ResidentRuns`, ``.resident``);
-- the local forker (:class:`~raydist.train.local.LocalRun`) for runs on this
-  machine (``local_mode=True``).
+- the warm Ray Train run on the cluster this process is connected to
+  (:class:`~raydist.train.resident.ResidentRuns`, ``.resident``);
+- the local forker (:class:`~raydist.train.local.LocalRun`, ``local_mode=True``).
 
 Runs *lease* the session cluster: one with runs on it is never torn down or
 replaced (a run that needs other nodes waits for them to end, and runs that
@@ -24,9 +23,9 @@ fit queue behind it). Each session cluster has exactly one reaper thread,
 which ends with it.
 
 Locks: ``_lifecycle`` serializes starting, growing, shrinking and retiring
-session clusters and is always taken first; ``_lock`` guards the fields and is never
-held while calling out (Ray, Spark, a cluster's ``down``). Disconnecting this
-process from a cluster that goes is :mod:`raydist.engine.connection`'s job.
+session clusters, always taken first; ``_lock`` guards the fields, never held
+while calling out (Ray, Spark, ``down``). Disconnecting this process from a
+cluster that goes is :mod:`raydist.engine.connection`'s job.
 """
 
 from __future__ import annotations
@@ -54,15 +53,15 @@ from raydist.errors import (
 )
 from raydist.spec import State
 from raydist.train._mlflow import note_cluster
+from raydist.train._resources import check_resources, run_shape
 from raydist.train.resident import ResidentRuns
-from raydist.train.session_rules import IdleStep, Observed, RunStep, Shape, for_run, gpu_run_shape, while_idle
+from raydist.train.session_rules import IdleStep, Observed, RunStep, Shape, for_run, while_idle
 
 if TYPE_CHECKING:
     from raydist.engine.cluster import RayCluster
     from raydist.train.local import LocalRun
 
-__all__ = ["TrainingSession", "training_session", "run_shape", "spark_task_resources", "driver_gpus",
-           "DEFAULT_KEEP_WARM_S", "RUN_ENV"]
+__all__ = ["TrainingSession", "training_session", "DEFAULT_KEEP_WARM_S", "RUN_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +165,7 @@ class TrainingSession:
                     ray.init(log_to_driver=True)
                     connected_here = True
                 if held is None:  # the session cluster is sized for the run
-                    _check_resources(workers, float(resources_per_worker.get("CPU", 1) or 0), use_gpu)
+                    check_resources(workers, float(resources_per_worker.get("CPU", 1) or 0), use_gpu)
                 note_cluster(wait_s=time.monotonic() - t0, name=handle.name if handle is not None else "",
                              session_cluster=held is not None, workers=workers,
                              resources_per_worker=dict(resources_per_worker))
@@ -499,80 +498,3 @@ def training_session() -> TrainingSession:
     from raydist.engine.registry import registry
 
     return registry.service("training-session", TrainingSession)
-
-
-def run_shape(workers: int, resources_per_worker: Mapping[str, float], use_gpu: bool) -> Shape:
-    """The session cluster a run of ``workers`` workers, each taking
-    ``resources_per_worker``, asks for: for GPU workers of one GPU that fit
-    their share of a Spark task, one node per task of
-    ``spark.task.resource.gpu.amount`` GPUs (pyspark's GPU layout, see
-    :func:`~raydist.train.session_rules.gpu_run_shape`); else one node per
-    worker, of the worker's CPUs and GPUs."""
-    cpus = float(resources_per_worker.get("CPU", 1) or 0)
-    gpus = float(resources_per_worker.get("GPU", 1) or 1) if use_gpu else 0.0
-    if gpus == 1:
-        shape, per_rank = gpu_run_shape(workers, *spark_task_resources())
-        if cpus <= per_rank["CPU"]:
-            return shape
-    return Shape(workers, int(cpus), int(gpus))
-
-
-def spark_task_resources() -> tuple[int, int]:
-    """(CPUs, GPUs) of one Spark task on the active SparkSession, as
-    ``spark.task.cpus`` and ``spark.task.resource.gpu.amount`` say: what
-    pyspark's distributors give each task of a run. Unset (or no session
-    yet): one CPU, one GPU. A fractional GPU amount counts as one."""
-    from raydist.engine.spark import session as spark_side
-    from raydist.engine.spark.sides import side_of
-
-    spark = spark_side.active_session()
-
-    def amount(key: str) -> int:
-        text = side_of(spark).conf(key) if spark is not None else None
-        if not text:
-            return 1
-        try:
-            return max(1, int(float(text)))
-        except ValueError:
-            raise TrainingConfigError(key, text, "expected a number of CPUs or GPUs per Spark task") from None
-
-    return amount("spark.task.cpus"), amount("spark.task.resource.gpu.amount")
-
-
-def driver_gpus() -> list[str] | None:
-    """The GPUs Spark gave the driver of the active classic SparkSession
-    (``spark.driver.resource.gpu.*``), as CUDA device ids of this process
-    (mapped through its own ``CUDA_VISIBLE_DEVICES``, as pyspark's
-    ``_get_gpus_owned`` does); None where there is no such session or it
-    has no GPU resource (a Spark Connect client sees only its own devices)."""
-    from raydist.engine.sizing import visible_gpus
-    from raydist.engine.spark import session as spark_side
-
-    spark = spark_side.active_session()
-    if spark is None or is_connect(spark):
-        return None
-    gpu = spark.sparkContext.resources.get("gpu")
-    if gpu is None:
-        return None
-    return visible_gpus(list(gpu.addresses), os.environ.get("CUDA_VISIBLE_DEVICES"))
-
-
-def _check_resources(workers: int, cpus_per_worker: float, use_gpu: bool) -> None:
-    """Fail before any training when the cluster can never host the workers."""
-    import ray
-
-    total = ray.cluster_resources()
-    if use_gpu and total.get("GPU", 0) < workers:
-        raise TrainingConfigError(
-            "use_gpu",
-            True,
-            f"the cluster has {total.get('GPU', 0):g} GPUs for {workers} workers; "
-            "start it with gpus_per_worker=1 or train with use_gpu=False",
-        )
-    if total.get("CPU", 0) < workers * cpus_per_worker:
-        raise TrainingConfigError(
-            "workers",
-            workers,
-            f"the cluster has {total.get('CPU', 0):g} CPUs, fewer than {workers} workers x "
-            f"{cpus_per_worker:g} CPU; use fewer workers or a bigger cluster",
-        )

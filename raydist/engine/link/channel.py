@@ -2,19 +2,14 @@
 
 Every Ray node of a cluster (the head on the driver, each worker in a Spark
 task) runs under a supervisor process that holds one TCP connection to this
-channel on the driver. The connection is the cluster's nervous system:
-
-* a supervisor says ``hello`` and the two ends prove its node key to each
-  other (:mod:`raydist.engine.link.keys`); it gets ``welcome``, streams the
-  output of ``ray start``, says ``started`` once its node is up, and
-  ``stopped`` once every process of its node is gone;
-* the driver says ``stop`` to tear a node down at once, without waiting for
-  Spark to kill the task;
-* both ends hear from each other every few seconds (``ping``/``pong``). When
-  the link breaks, the supervisor reconnects and *resumes* it; only if that
-  fails within the grace window (:data:`raydist.engine.link.wire.RECONNECT_GRACE_S`)
-  does each side count the other gone: the driver marks the node lost, the
-  supervisor kills its node (the driver died, so nothing may be left running).
+channel on the driver: the cluster's nervous system. What each end says is
+:mod:`raydist.engine.link.messages`: a supervisor proves its node key
+(:mod:`raydist.engine.link.keys`), streams ``ray start``'s output, says when
+its node is up and when it is gone; the driver may stop a node at once. When
+the link breaks, the supervisor reconnects and *resumes* it; only if that
+fails within the grace window (:data:`raydist.engine.link.wire.RECONNECT_GRACE_S`)
+does each side count the other gone: the driver marks the node lost, the
+supervisor kills its node (the driver died, so nothing may be left running).
 
 One thread serves every connection of a channel, handshakes and links alike
 (non-blocking sockets on one selector), so a cluster of a thousand nodes costs
@@ -41,7 +36,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raydist.engine.link import messages
-from raydist.engine.link.handshake import MAX_PENDING as _MAX_PENDING
 from raydist.engine.link.handshake import Handshakes, listen
 from raydist.engine.link.keys import BadFrame, Frames, NodeKeys
 from raydist.engine.link.limits import raise_open_files
@@ -57,7 +51,7 @@ from raydist.engine.link.wire import (
     parse,
 )
 
-__all__ = ["NodeChannel", "NodeLink", "LOG_TAIL_LINES", "_MAX_PENDING"]
+__all__ = ["NodeChannel", "NodeLink", "LOG_TAIL_LINES"]
 
 log = logging.getLogger(__name__)
 
@@ -102,17 +96,9 @@ class NodeChannel:
     one of ``ports`` (low, high: a range a firewall rule names).
     """
 
-    def __init__(
-        self,
-        host: str,
-        keys: NodeKeys,
-        listener: Listener,
-        *,
-        grace_s: float = RECONNECT_GRACE_S,
-        idle_s: float = IDLE_S,
-        handshake_s: float = HANDSHAKE_S,
-        ports: tuple[int, int] | None = None,
-    ) -> None:
+    def __init__(self, host: str, keys: NodeKeys, listener: Listener, *, grace_s: float = RECONNECT_GRACE_S,
+                 idle_s: float = IDLE_S, handshake_s: float = HANDSHAKE_S,
+                 ports: tuple[int, int] | None = None) -> None:
         raise_open_files()
         self._keys = keys
         self._listener = listener
@@ -417,34 +403,8 @@ class NodeChannel:
                 return
 
     def _handle(self, link: NodeLink, msg: dict[str, Any]) -> None:
-        kind = messages.kind(msg)
-        if kind == "ping":
-            link.tell(messages.pong())
-        elif kind == "log":
-            link.log_tail.append(str(msg.get("line", "")))
-            self._emit("log", link)
-        elif kind == "started":
-            link.started = True
-            link.node_ip = str(msg.get("node_ip", ""))
-            info = msg.get("info", {})
-            link.info = dict(info) if isinstance(info, dict) else {}
-            self._emit("started", link)
-        elif kind == "demand":
-            link.demand = msg
-            self._emit("demand", link)
-        elif kind == "logs":
-            link._on_logs(msg)
-        elif kind == "dashboard":
-            link._on_dashboard(msg)
-        elif kind == "stopped":
-            link.stopped = True
-            code = msg.get("code")
-            link.exit_code = code if isinstance(code, int) else None
-            link.end_reason = str(msg.get("reason", ""))[:500]
-            tail = msg.get("log_tail")
-            for tail_line in tail[-LOG_TAIL_LINES:] if isinstance(tail, list) else ():
-                link.log_tail.append(str(tail_line)[:MAX_LINE])
-            self._emit("stopped", link)
+        if (event := link.heard(msg)) is not None:
+            self._emit(event, link)
 
     def _emit(self, event: str, link: NodeLink) -> None:
         try:

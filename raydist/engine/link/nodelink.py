@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raydist.engine.link import messages
-from raydist.engine.link.wire import encode
+from raydist.engine.link.wire import MAX_LINE, encode
 from raydist.engine.nodelogs import NODE_BYTES, LogFile
 
 __all__ = ["LOG_TAIL_LINES", "LogRequest", "NodeLink"]
@@ -53,6 +53,40 @@ class NodeLink:
     closed: threading.Event = field(default_factory=threading.Event)
     _log_requests: dict[str, dict[str, Any]] = field(default_factory=dict)  # fetch_logs calls waiting
     _dashboard_requests: dict[str, dict[str, Any]] = field(default_factory=dict)  # switch_dashboard calls waiting
+
+    def heard(self, msg: dict[str, Any]) -> str | None:
+        """Take in one message from this node's supervisor; returns the event
+        its listeners hear ("log", "started", "demand", "stopped"), or None.
+        A field of the wrong type raises: the channel ends this connection."""
+        kind = messages.kind(msg)
+        if kind == "ping":
+            self.tell(messages.pong())
+        elif kind == "log":
+            self.log_tail.append(str(msg.get("line", "")))
+            return "log"
+        elif kind == "started":
+            self.started = True
+            self.node_ip = str(msg.get("node_ip", ""))
+            info = msg.get("info", {})
+            self.info = dict(info) if isinstance(info, dict) else {}
+            return "started"
+        elif kind == "demand":
+            self.demand = msg
+            return "demand"
+        elif kind == "logs":
+            self._on_logs(msg)
+        elif kind == "dashboard":
+            self._on_dashboard(msg)
+        elif kind == "stopped":
+            self.stopped = True
+            code = msg.get("code")
+            self.exit_code = code if isinstance(code, int) else None
+            self.end_reason = str(msg.get("reason", ""))[:500]
+            tail = msg.get("log_tail")
+            for tail_line in tail[-LOG_TAIL_LINES:] if isinstance(tail, list) else ():
+                self.log_tail.append(str(tail_line)[:MAX_LINE])
+            return "stopped"
+        return None
 
     def ended_why(self) -> str:
         """Why this node is gone, for an error a user reads: the
