@@ -91,41 +91,29 @@ def _wrap(handler: grpc.RpcMethodHandler,
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _DENIED)
         calling_as(caller)  # this RPC's task: the handler and what it hands to threads
 
-    kind = (handler.request_streaming, handler.response_streaming)
-    if kind == (False, False):
-        inner_uu = handler.unary_unary
-
-        async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    # gRPC keeps each streaming kind's behaviour under its own name; two shapes
+    # of wrapper cover them: one answer (awaited) or a stream (iterated).
+    name, make = _KINDS[(handler.request_streaming, handler.response_streaming)]
+    inner = getattr(handler, name)
+    if handler.response_streaming:
+        async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             await admit(context)
-            return await inner_uu(request, context)
-
-        return grpc.unary_unary_rpc_method_handler(unary_unary, handler.request_deserializer,
-                                                   handler.response_serializer)
-    if kind == (False, True):
-        inner_us = handler.unary_stream
-
-        async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            await admit(context)
-            async for item in inner_us(request, context):
+            async for item in inner(request, context):
                 yield item
 
-        return grpc.unary_stream_rpc_method_handler(unary_stream, handler.request_deserializer,
-                                                    handler.response_serializer)
-    if kind == (True, False):
-        inner_su = handler.stream_unary
+        return make(streaming, handler.request_deserializer, handler.response_serializer)
 
-        async def stream_unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            await admit(context)
-            return await inner_su(requests, context)
-
-        return grpc.stream_unary_rpc_method_handler(stream_unary, handler.request_deserializer,
-                                                    handler.response_serializer)
-    inner_ss = handler.stream_stream
-
-    async def stream_stream(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    async def answering(request: Any, context: grpc.aio.ServicerContext) -> Any:
         await admit(context)
-        async for item in inner_ss(requests, context):
-            yield item
+        return await inner(request, context)
 
-    return grpc.stream_stream_rpc_method_handler(stream_stream, handler.request_deserializer,
-                                                 handler.response_serializer)
+    return make(answering, handler.request_deserializer, handler.response_serializer)
+
+
+#: (request streams, response streams) -> the handler's attribute, and how gRPC makes one.
+_KINDS: dict[tuple[bool, bool], tuple[str, Callable[..., grpc.RpcMethodHandler]]] = {
+    (False, False): ("unary_unary", grpc.unary_unary_rpc_method_handler),
+    (False, True): ("unary_stream", grpc.unary_stream_rpc_method_handler),
+    (True, False): ("stream_unary", grpc.stream_unary_rpc_method_handler),
+    (True, True): ("stream_stream", grpc.stream_stream_rpc_method_handler),
+}

@@ -127,6 +127,12 @@ class ClusterService(rpc.ClusterServiceServicer):
         return str(exc).replace(full, cluster)
 
     @staticmethod
+    def _named(caller: Caller, found: Any) -> Any:
+        """An answer that names a cluster, naming it as ``caller`` sees it (without its tenant)."""
+        found.name = caller.shown(found.name)
+        return found
+
+    @staticmethod
     def _as_seen(caller: Caller, cluster: Any) -> Any:
         """``cluster`` as ``caller`` names it."""
         if caller.admin:
@@ -189,9 +195,8 @@ class ClusterService(rpc.ClusterServiceServicer):
 
         def credentials() -> Any:
             # The peer first: a line cut at a terminal's width keeps where the call came from.
-            found = self.m.credentials(caller.scoped(request.name), f"{context.peer()} ({caller.describe()})")
-            found.name = caller.shown(found.name)
-            return found
+            return self._named(caller, self.m.credentials(caller.scoped(request.name),
+                                                          f"{context.peer()} ({caller.describe()})"))
 
         # It writes an event (who asked): never on the event loop.
         return await self._call("GetClusterCredentials", context, credentials, blocking=True, cluster=request.name)
@@ -203,9 +208,7 @@ class ClusterService(rpc.ClusterServiceServicer):
             asked = pb.GetNodeLogsRequest()
             asked.CopyFrom(request)
             asked.name = caller.scoped(request.name)
-            found = self.m.node_logs(asked)
-            found.name = caller.shown(found.name)
-            return found
+            return self._named(caller, self.m.node_logs(asked))
 
         return await self._call("GetNodeLogs", context, logs, slow=True, cluster=request.name)
 
@@ -213,9 +216,7 @@ class ClusterService(rpc.ClusterServiceServicer):
         caller = current_caller()
 
         def dashboard() -> Any:
-            found = self.m.dashboard(caller.scoped(request.name), request.stop)
-            found.name = caller.shown(found.name)
-            return found
+            return self._named(caller, self.m.dashboard(caller.scoped(request.name), request.stop))
 
         return await self._call("SetDashboard", context, dashboard, slow=True, cluster=request.name)
 

@@ -29,7 +29,7 @@ from raydist.engine.link.wire import HEAD_FROM_LINK
 from raydist.engine.node.procs import SCOPE_VARIABLE
 from raydist.engine.node.reaper import KILL_GRACE_S
 from raydist.engine.ports import preferred_or_free_port
-from raydist.engine.sizing import memory_limit, node_size, visible_gpus
+from raydist.engine.sizing import NodeSize, memory_limit, node_size, visible_gpus
 from raydist.paths import private_dir
 
 if TYPE_CHECKING:
@@ -294,17 +294,18 @@ def _node_env(plan: NodePlan, cuda_visible: str | None) -> dict[str, str]:
     return env
 
 
+def _size_on_this_host(plan: NodePlan) -> NodeSize:
+    """What ``plan``'s node may take of this host's memory and shared memory,
+    beside the other nodes and JVMs the plan says share it."""
+    return node_size(host_memory=memory_limit(psutil.virtual_memory().total), shm_bytes=_shm_bytes(),
+                     nodes_on_host=plan.nodes_on_host, jvm_bytes_on_host=plan.jvm_bytes_on_host,
+                     memory=plan.memory, object_store=plan.object_store)
+
+
 def start_head(plan: NodePlan, driver: psutil.Process) -> subprocess.Popen[bytes]:
     """Start the head node on this (the driver's) host, watched by the driver."""
     node_ip = plan.node_ip or "127.0.0.1"
-    size = node_size(
-        host_memory=memory_limit(psutil.virtual_memory().total),
-        shm_bytes=_shm_bytes(),
-        nodes_on_host=plan.nodes_on_host,
-        jvm_bytes_on_host=plan.jvm_bytes_on_host,
-        memory=plan.memory,
-        object_store=plan.object_store,
-    )
+    size = _size_on_this_host(plan)
     argv = node_argv(plan, cpus=plan.cpus or 0, gpus=int(plan.gpus), memory=size.memory,
                      object_store=size.object_store, node_ip=node_ip)
     info = {"cpus": plan.cpus or 0, "gpus": int(plan.gpus), "memory": size.memory,
@@ -405,14 +406,7 @@ def _start_in_task(plan: NodePlan) -> subprocess.Popen[bytes]:
     elif os.environ.get("CUDA_VISIBLE_DEVICES"):
         cuda = ""  # a CPU node must not see the executor's GPUs
     node_ip = route_ip(plan.channel[0])
-    size = node_size(
-        host_memory=memory_limit(psutil.virtual_memory().total),
-        shm_bytes=_shm_bytes(),
-        nodes_on_host=plan.nodes_on_host,
-        jvm_bytes_on_host=plan.jvm_bytes_on_host,
-        memory=plan.memory,
-        object_store=plan.object_store,
-    )
+    size = _size_on_this_host(plan)
     argv = node_argv(plan, cpus=cpus, gpus=num_gpus, memory=size.memory,
                      object_store=size.object_store, node_ip=node_ip)
     me = psutil.Process()

@@ -9,11 +9,50 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from raydist.compat.horovod.spark.common import _data
 
 __all__ = ["kept_checkpoint", "label_types", "rank_rows", "spark_has_gpus", "train_ranks"]
+
+
+@dataclass
+class RankData:
+    """What every framework's rank reads the same way: the DataFrame's
+    columns, the inputs' shapes, and the loop's sizes. Each estimator's rank
+    spec extends it with what its framework needs."""
+
+    feature_cols: list[str]
+    label_cols: list[str]
+    input_shapes: list[list[int] | None]
+    sample_weight_col: str | None
+    batch_size: int
+    val_batch_size: int
+    epochs: int
+    train_steps_per_epoch: int | None
+    validation_steps_per_epoch: int | None
+    shuffle: bool
+    random_seed: int | None
+    verbose: int
+
+
+def rank_data(estimator: Any, input_shapes: list[Any] | None = None) -> dict[str, Any]:
+    """:class:`RankData`'s fields from an estimator's parameters (Horovod's
+    defaults: the validation batch is the training batch; no shapes given,
+    each feature as its column stacks)."""
+    feature_cols = list(estimator.getFeatureCols())
+    shapes = input_shapes if input_shapes is not None else (estimator.getInputShapes() or [None] * len(feature_cols))
+    return {
+        "feature_cols": feature_cols, "label_cols": list(estimator.getLabelCols()),
+        "input_shapes": [None if s is None else list(s) for s in shapes],
+        "sample_weight_col": estimator.getSampleWeightCol(), "batch_size": estimator.getBatchSize(),
+        "val_batch_size": estimator.getValBatchSize() or estimator.getBatchSize(), "epochs": estimator.getEpochs(),
+        "train_steps_per_epoch": estimator.getTrainStepsPerEpoch(),
+        "validation_steps_per_epoch": estimator.getValidationStepsPerEpoch(),
+        "shuffle": bool(estimator.getShuffle()), "random_seed": estimator.getRandomSeed(),
+        "verbose": int(estimator.getVerbose() or 0),
+    }
 
 
 def kept_checkpoint(store: Any, run_id: str, filename: str, verbose: Any) -> tuple[str | None, bytes | None]:

@@ -36,6 +36,9 @@ class HorovodParams:
     _aliases: ClassVar[dict[str, str]] = {}
 
     def __init__(self, **params: Any) -> None:
+        if "loss_constructors" in self._defaults and params.get("loss") is not None \
+                and params.get("loss_constructors") is not None:  # Horovod's rule, with its message
+            raise ValueError("only one of loss_constructors and loss parameters can be specified.")
         super().__init__()  # Spark ML's Params, where the class is an Estimator or a Model too
         unknown = sorted(set(params) - set(self._defaults))
         if unknown:
@@ -69,6 +72,29 @@ class HorovodParams:
         twin.__dict__.update(self.__dict__)
         twin._hvd_params = {**self._hvd_params, **changes}
         return twin
+
+    # what fit checks, in Horovod's words where it has them ---------------------------
+
+    def _check_given(self, *names: str) -> None:
+        for name in names:
+            if self._hvd_params[name] is None:
+                raise TrainingConfigError(name, None, f"{type(self).__name__} needs {name}")
+
+    def _check_whole(self, *names: str) -> None:
+        for name in names:
+            value = self._hvd_params[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise TrainingConfigError(name, value, "expected a whole number of at least 1")
+
+    def _check_one_shape_each(self, shapes_param: str, columns_param: str, what: str) -> None:
+        shapes = self._hvd_params[shapes_param]
+        if shapes is not None and len(shapes) != len(self._hvd_params[columns_param] or ()):
+            raise TrainingConfigError(shapes_param, shapes, f"expected one shape per {what} column")
+
+    def _name_outputs(self) -> None:
+        """A model's prediction columns, by Horovod's default: ``<label>__output``."""
+        if self._hvd_params.get("label_columns") and not self._hvd_params.get("output_cols"):
+            self._hvd_params["output_cols"] = [f"{c}__output" for c in self._hvd_params["label_columns"]]
 
     # persistence ------------------------------------------------------------------
 

@@ -82,13 +82,8 @@ class KerasEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
         return TorchEstimator._num_proc(self)  # type: ignore[arg-type]  # the same rule, the same messages
 
     def _check(self) -> None:
-        for name in ("model", "optimizer", "loss", "feature_cols", "label_cols"):
-            if self._hvd_params[name] is None:
-                raise TrainingConfigError(name, None, f"KerasEstimator needs {name}")
-        for name in ("batch_size", "epochs", "backward_passes_per_step"):
-            value = self._hvd_params[name]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise TrainingConfigError(name, value, "expected a whole number of at least 1")
+        self._check_given("model", "optimizer", "loss", "feature_cols", "label_cols")
+        self._check_whole("batch_size", "epochs", "backward_passes_per_step")
         if self.getGradientCompression() is not None:
             raise TrainingConfigError("gradient_compression", self.getGradientCompression(),
                                       "gradients travel uncompressed here: leave it out")
@@ -102,9 +97,7 @@ class KerasEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
         if _is_legacy(self.getModel()) and self.getBackwardPassesPerStep() != 1:
             raise TrainingConfigError("backward_passes_per_step", self.getBackwardPassesPerStep(),
                                       "1 for a Keras 2 (tf_keras) model; Keras 3 models take more")
-        shapes = self.getLabelShapes()
-        if shapes is not None and len(shapes) != len(self.getLabelCols()):
-            raise TrainingConfigError("label_shapes", shapes, "expected one shape per label column")
+        self._check_one_shape_each("label_shapes", "label_cols", "label")
 
     def _fit(self, df: Any) -> KerasModel:
         return self._fit_prepared(df, run_id=self.getRunId() or f"keras_{int(time.time())}")
@@ -149,13 +142,8 @@ class KerasEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
                                                  else keras.optimizers.get(optimizer)),
             loss=self.getLoss(), loss_weights=self.getLossWeights(), metrics=self.getMetrics(),
             custom_objects=dict(self.getCustomObjects() or {}), callbacks=list(self.getCallbacks() or []),
-            feature_cols=list(self.getFeatureCols()), label_cols=label_cols,
-            input_shapes=_input_shapes(model), label_shapes=[None if s is None else list(s) for s in label_shapes],
-            sample_weight_col=self.getSampleWeightCol(), batch_size=self.getBatchSize(),
-            val_batch_size=self.getValBatchSize() or self.getBatchSize(), epochs=self.getEpochs(),
-            train_steps_per_epoch=self.getTrainStepsPerEpoch(),
-            validation_steps_per_epoch=self.getValidationStepsPerEpoch(), shuffle=bool(self.getShuffle()),
-            random_seed=self.getRandomSeed(), verbose=int(self.getVerbose() or 0),
+            **_fit.rank_data(self, _input_shapes(model)),
+            label_shapes=[None if s is None else list(s) for s in label_shapes],
             backward_passes_per_step=self.getBackwardPassesPerStep(),
             transformation_fn=self.getTransformationFn(), checkpoint_file=checkpoint, logs_dir=logs,
             store=store, resume=resume,
@@ -187,8 +175,7 @@ class KerasModel(HorovodParams, _Model):  # type: ignore[misc,valid-type]
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        if self.getLabelColumns() and not self.getOutputCols():
-            self.setOutputCols([f"{c}__output" for c in self.getLabelColumns()])
+        self._name_outputs()
 
     def _transform(self, df: Any) -> Any:
         from raydist.compat.horovod.spark.common._predict import add_predictions

@@ -29,13 +29,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from raydist.compat.horovod.spark.common._fit import rank_rows
+from raydist.compat.horovod.spark.common._fit import RankData, rank_rows
 
 __all__ = ["KerasRankSpec", "predict_rows", "train_rank"]
 
 
 @dataclass
-class KerasRankSpec:
+class KerasRankSpec(RankData):
     """Everything a rank needs, built by the estimator on the driver."""
 
     model: bytes  # the driver's model, pickled (both Kerases pickle a model whole: config and weights)
@@ -46,19 +46,7 @@ class KerasRankSpec:
     metrics: Any
     custom_objects: dict[str, Any]
     callbacks: list[Any]
-    feature_cols: list[str]
-    label_cols: list[str]
-    input_shapes: list[list[int] | None]
     label_shapes: list[list[int] | None]
-    sample_weight_col: str | None
-    batch_size: int
-    val_batch_size: int
-    epochs: int
-    train_steps_per_epoch: int | None
-    validation_steps_per_epoch: int | None
-    shuffle: bool
-    random_seed: int | None
-    verbose: int
     backward_passes_per_step: int
     transformation_fn: Any
     checkpoint_file: str | None

@@ -65,11 +65,6 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
 
     _defaults: ClassVar[dict[str, Any]] = _DEFAULTS
 
-    def __init__(self, **params: Any) -> None:
-        if params.get("loss") is not None and params.get("loss_constructors") is not None:
-            raise ValueError("only one of loss_constructors and loss parameters can be specified.")
-        super().__init__(**params)
-
     def _num_proc(self) -> int:
         from raydist.compat.horovod.spark.torch import TorchEstimator as _Torch
 
@@ -78,9 +73,7 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
     def _check(self) -> None:
         import pytorch_lightning as pl
 
-        for name in ("model", "feature_cols", "label_cols"):
-            if self._hvd_params[name] is None:
-                raise TrainingConfigError(name, None, f"TorchEstimator needs {name}")
+        self._check_given("model", "feature_cols", "label_cols")
         if not isinstance(self.getModel(), pl.LightningModule):
             raise TrainingConfigError("model", type(self.getModel()).__name__,
                                       "give a pytorch_lightning.LightningModule here; a plain torch.nn.Module "
@@ -103,13 +96,8 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
         if self.getTerminateOnNan():
             raise TrainingConfigError("terminate_on_nan", True, "Lightning 2 has no such switch: stop on NaN with "
                                                                 "a callback (EarlyStopping(check_finite=True))")
-        for name in ("batch_size", "epochs"):
-            value = self._hvd_params[name]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise TrainingConfigError(name, value, "expected a whole number of at least 1")
-        shapes = self.getInputShapes()
-        if shapes is not None and len(shapes) != len(self.getFeatureCols()):
-            raise TrainingConfigError("input_shapes", shapes, "expected one shape per feature column")
+        self._check_whole("batch_size", "epochs")
+        self._check_one_shape_each("input_shapes", "feature_cols", "feature")
 
     def _fit(self, df: Any) -> TorchModel:
         from raydist.compat.horovod.spark.lightning._remote import LightningRankSpec, train_rank
@@ -120,15 +108,8 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
         store = self.getStore()
         checkpoint, resume = _fit.kept_checkpoint(store, run_id, _CHECKPOINT, self.getVerbose())
         feature_cols, label_cols = list(self.getFeatureCols()), list(self.getLabelCols())
-        shapes = self.getInputShapes() or [None] * len(feature_cols)
         spec = LightningRankSpec(
-            model=self.getModel(), feature_cols=feature_cols, label_cols=label_cols,
-            input_shapes=[None if s is None else list(s) for s in shapes],
-            sample_weight_col=self.getSampleWeightCol(), batch_size=self.getBatchSize(),
-            val_batch_size=self.getValBatchSize() or self.getBatchSize(), epochs=self.getEpochs(),
-            train_steps_per_epoch=self.getTrainStepsPerEpoch(),
-            validation_steps_per_epoch=self.getValidationStepsPerEpoch(), shuffle=bool(self.getShuffle()),
-            random_seed=self.getRandomSeed(), verbose=int(self.getVerbose() or 0),
+            model=self.getModel(), **_fit.rank_data(self),
             callbacks=list(self.getCallbacks() or []), logger=self.getLogger(),
             log_every_n_steps=self.getLogEveryNSteps(), profiler=self.getProfiler(),
             trainer_args=dict(self.getTrainerArgs() or {}), transformation_fn=self.getTransformationFn(),

@@ -22,29 +22,17 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from raydist.compat.horovod.spark.common._fit import rank_rows
+from raydist.compat.horovod.spark.common._fit import RankData, rank_rows
 from raydist.compat.horovod.spark.torch._remote import column_tensor
 
 __all__ = ["LightningRankSpec", "train_rank"]
 
 
 @dataclass
-class LightningRankSpec:
+class LightningRankSpec(RankData):
     """Everything a rank needs, built by the estimator on the driver."""
 
     model: Any
-    feature_cols: list[str]
-    label_cols: list[str]
-    input_shapes: list[list[int] | None]
-    sample_weight_col: str | None
-    batch_size: int
-    val_batch_size: int
-    epochs: int
-    train_steps_per_epoch: int | None
-    validation_steps_per_epoch: int | None
-    shuffle: bool
-    random_seed: int | None
-    verbose: int
     callbacks: list[Any]
     logger: Any
     log_every_n_steps: int

@@ -78,11 +78,6 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
 
     _defaults: ClassVar[dict[str, Any]] = _ESTIMATOR_DEFAULTS
 
-    def __init__(self, **params: Any) -> None:
-        if params.get("loss") is not None and params.get("loss_constructors") is not None:
-            raise ValueError("only one of loss_constructors and loss parameters can be specified.")
-        super().__init__(**params)
-
     # what fit checks ------------------------------------------------------------
 
     def _num_proc(self) -> int:
@@ -100,22 +95,15 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
         return num_proc
 
     def _check(self) -> None:
-        for name in ("model", "optimizer", "feature_cols", "label_cols"):
-            if self._hvd_params[name] is None:
-                raise TrainingConfigError(name, None, f"TorchEstimator needs {name}")
+        self._check_given("model", "optimizer", "feature_cols", "label_cols")
         if self.getLoss() is None and self.getLossConstructors() is None:
             raise TrainingConfigError("loss", None, "give loss (a function or a list, one per label) "
                                                     "or loss_constructors")
         if self.getCallbacks():
             raise TrainingConfigError("callbacks", self.getCallbacks(), "callbacks are Keras's; "
                                                                         "a TorchEstimator takes none")
-        for name in ("batch_size", "epochs", "backward_passes_per_step"):
-            value = self._hvd_params[name]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise TrainingConfigError(name, value, "expected a whole number of at least 1")
-        shapes = self.getInputShapes()
-        if shapes is not None and len(shapes) != len(self.getFeatureCols()):
-            raise TrainingConfigError("input_shapes", shapes, "expected one shape per feature column")
+        self._check_whole("batch_size", "epochs", "backward_passes_per_step")
+        self._check_one_shape_each("input_shapes", "feature_cols", "feature")
 
     # fitting ------------------------------------------------------------------------
 
@@ -160,7 +148,7 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
 
         self._check()
         num_proc = self._num_proc()
-        feature_cols, label_cols = list(self.getFeatureCols()), list(self.getLabelCols())
+        label_cols = list(self.getLabelCols())
         store = self.getStore()
         checkpoint, kept = _fit.kept_checkpoint(store, run_id, store.get_checkpoint_filename() if store else "",
                                                 self.getVerbose())
@@ -175,19 +163,11 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
         if losses is None:
             losses = [make() for make in _as_list(self.getLossConstructors())]
         weights = self.getLossWeights() or [1.0 / len(label_cols)] * len(label_cols)
-        # No shapes given: each feature as its column stacks, (batch,) or (batch, width).
-        shapes = self.getInputShapes() or [None] * len(feature_cols)
         spec = RankSpec(
             model=self.getModel(), optimizer_cls=type(optimizer),
             optimizer_state=copy.deepcopy(optimizer.state_dict()),
             loss_fns=losses, loss_weights=list(weights), metric_groups=_metric_groups(self.getMetrics()),
-            feature_cols=feature_cols, label_cols=label_cols,
-            input_shapes=[None if s is None else list(s) for s in shapes],
-            sample_weight_col=self.getSampleWeightCol(), batch_size=self.getBatchSize(),
-            val_batch_size=self.getValBatchSize() or self.getBatchSize(), epochs=self.getEpochs(),
-            train_steps_per_epoch=self.getTrainStepsPerEpoch(),
-            validation_steps_per_epoch=self.getValidationStepsPerEpoch(), shuffle=bool(self.getShuffle()),
-            random_seed=self.getRandomSeed(), verbose=int(self.getVerbose() or 0),
+            **_fit.rank_data(self),
             backward_passes_per_step=self.getBackwardPassesPerStep(), compression=self.getGradientCompression(),
             train_minibatch_fn=self.getTrainMinibatchFn(), transformation_fn=self.getTransformationFn(),
             checkpoint_file=checkpoint, logs_dir=logs, store=store, resume_state=resume,
@@ -226,8 +206,7 @@ class TorchModel(HorovodParams, _Model):  # type: ignore[misc,valid-type]
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        if self.getLabelColumns() and not self.getOutputCols():
-            self.setOutputCols([f"{c}__output" for c in self.getLabelColumns()])
+        self._name_outputs()
 
     def _transform(self, df: Any) -> Any:
         from raydist.compat.horovod.spark.common._predict import add_predictions

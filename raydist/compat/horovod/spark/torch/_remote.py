@@ -22,13 +22,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from raydist.compat.horovod.spark.common._fit import rank_rows
+from raydist.compat.horovod.spark.common._fit import RankData, rank_rows
 
 __all__ = ["RankSpec", "train_rank", "column_tensor", "feature_tensors", "predict_rows"]
 
 
 @dataclass
-class RankSpec:
+class RankSpec(RankData):
     """Everything a rank needs, built by the estimator on the driver."""
 
     model: Any
@@ -37,18 +37,6 @@ class RankSpec:
     loss_fns: list[Callable[..., Any]]
     loss_weights: list[float]
     metric_groups: list[list[Callable[..., Any]]]
-    feature_cols: list[str]
-    label_cols: list[str]
-    input_shapes: list[list[int] | None]
-    sample_weight_col: str | None
-    batch_size: int
-    val_batch_size: int
-    epochs: int
-    train_steps_per_epoch: int | None
-    validation_steps_per_epoch: int | None
-    shuffle: bool
-    random_seed: int | None
-    verbose: int
     backward_passes_per_step: int
     compression: Any
     train_minibatch_fn: Callable[..., Any] | None
