@@ -1,4 +1,4 @@
-"""JobBoard, the resident run's job board, driven directly (no Ray)."""
+"""JobBoard, the warm run's job board, driven directly (no Ray)."""
 
 from __future__ import annotations
 

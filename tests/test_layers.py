@@ -84,7 +84,7 @@ def test_no_module_imports_itself_through_others() -> None:
 def test_compat_uses_only_the_training_runtimes_public_seam() -> None:
     known = _modules()
     private = {name for name in known if name.startswith("raydist.train.") and (
-        name.rsplit(".", 1)[1].startswith("_") or name in ("raydist.train.session", "raydist.train.resident"))}
+        name.rsplit(".", 1)[1].startswith("_") or name in ("raydist.train.session", "raydist.train.warm_run"))}
     reaching = {name: sorted(_imports(path, known) & private) for name, path in known.items()
                 if name.startswith("raydist.compat")}
     assert {name: found for name, found in reaching.items() if found} == {}

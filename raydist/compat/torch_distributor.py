@@ -40,7 +40,7 @@ class TorchDistributor:
             connected to, ``RAY_ADDRESS``, else the session cluster on the
             active SparkSession, started on first use and kept warm
             (:mod:`raydist.train.session`). Runs keep their Ray Train
-            workers warm too (:mod:`raydist.train.resident`): the next run
+            workers warm too (:mod:`raydist.train.warm_run`): the next run
             forks each worker instead of starting new processes (a GPU
             worker never touches CUDA itself, so each forked job starts
             CUDA afresh).
@@ -214,7 +214,7 @@ class TorchDistributor:
             self.cluster, workers=self.num_processes, resources_per_worker=resources, use_gpu=self.use_gpu,
             keep_warm_s=self.keep_warm_s,
         ) as handle:
-            return session.resident.run(
+            return session.warm_runs.run(
                 job,
                 workers=self.num_processes,
                 resources_per_worker=resources,

@@ -132,7 +132,7 @@ class Facade:
         from raydist.train.session import training_session
 
         session = training_session()
-        session.resident.release()  # resident workers of this process would hold the CPUs this fit needs
+        session.warm_runs.release()  # warm workers of this process would hold the CPUs this fit needs
         with keyboard_interrupts(), tracked_run(type(self).__name__, self.workers, self.use_gpu) as mlflow:
             self._mlflow = mlflow
             try:

@@ -1,6 +1,6 @@
-"""The job board a resident Ray Train run takes its jobs from.
+"""The job board a warm Ray Train run takes its jobs from.
 
-One small async actor per resident run. The driver posts a job and waits for
+One small async actor per warm run. The driver posts a job and waits for
 its outcome; every training worker takes the job, runs it, and posts its
 outcome. The board also carries the little state the workers must agree on:
 
@@ -151,7 +151,7 @@ class JobBoard:
         """Post a job (its pickled function, and each rank's inputs, which
         the board holds until the job is done); its number."""
         if self.stopped:
-            raise RuntimeError("the resident run has ended")
+            raise RuntimeError("the warm run has ended")
         self.seq += 1
         self.job = (self.seq, payload, inputs)
         self.outcomes, self.failure = {}, None

@@ -1,8 +1,8 @@
 """fit_ready: a Ray Train trainer adapted to the cluster just before ``fit``.
 
 Its own module so that the facade (:mod:`raydist.train._base`) and the
-resident run (:mod:`raydist.train.resident`) share it without importing each
-other (the facade uses the training session, which holds resident runs).
+warm run (:mod:`raydist.train.warm_run`) share it without importing each
+other (the facade uses the training session, which holds warm runs).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ It ends with ``os._exit``: no interpreter teardown. The child dies with the
 process that forked it.
 
 Two parents use this: a warm Ray Train worker (one child per job, see
-:mod:`raydist.train.resident`) and the driver's local runner (one child per
+:mod:`raydist.train.warm_run`) and the driver's local runner (one child per
 rank, see :mod:`raydist.train.local`).
 
 A torch deadlock the child steps around: a DDP model freed after

@@ -23,7 +23,7 @@ from typing import Any
 from raydist.train._base import Facade
 from raydist.train._inputs import RankInputs
 from raydist.train._mlflow import carry_mark
-from raydist.train.resident import TORCHRUN_PRIORITY_ENV
+from raydist.train.warm_run import TORCHRUN_PRIORITY_ENV
 
 __all__ = ["TorchrunTrainer", "rendezvous"]
 

@@ -14,7 +14,7 @@ outlives one run:
   Connect, goes too). The decisions are the pure rules of
   :mod:`raydist.train.session_rules`;
 - the warm Ray Train run on the cluster this process is connected to
-  (:class:`~raydist.train.resident.ResidentRuns`, ``.resident``);
+  (:class:`~raydist.train.warm_run.WarmRuns`, ``.warm_runs``);
 - the local forker (:class:`~raydist.train.local.LocalRun`, ``local_mode=True``).
 
 Runs *lease* the session cluster: one with runs on it is never torn down or
@@ -54,8 +54,8 @@ from raydist.errors import (
 from raydist.spec import State
 from raydist.train._mlflow import note_cluster
 from raydist.train._resources import check_resources, run_shape
-from raydist.train.resident import ResidentRuns
 from raydist.train.session_rules import IdleStep, Observed, RunStep, Shape, for_run, while_idle
+from raydist.train.warm_run import WarmRuns
 
 if TYPE_CHECKING:
     from raydist.engine.cluster import RayCluster
@@ -112,9 +112,9 @@ class TrainingSession:
         self._replacers = 0  # runs waiting for the runs on the session cluster to end, to replace it
         self._keep_warm_s = DEFAULT_KEEP_WARM_S
         self._local: LocalRun | None = None
-        #: The resident (warm) Ray Train run on the connected cluster.
-        self.resident = ResidentRuns()
-        process_ray().before_disconnect(self.resident.let_go)
+        #: The warm Ray Train run on the connected cluster.
+        self.warm_runs = WarmRuns()
+        process_ray().before_disconnect(self.warm_runs.let_go)
 
     # ----------------------------------------------------------- clusters
 
@@ -180,7 +180,7 @@ class TrainingSession:
             raise
         finally:
             if connected_here:
-                self.resident.release()
+                self.warm_runs.release()
                 ray.shutdown()
             if held is not None:
                 self._unlease(held)
@@ -435,7 +435,7 @@ class TrainingSession:
                 workers, held.shape = held.shape.workers, dataclasses.replace(held.shape, workers=0)
                 held.spark_waiting_since = None
             log.info("session cluster %s gives back its %d worker nodes' slots: %s", held.cluster.name, workers, why)
-            self.resident.let_go(held.cluster.address)
+            self.warm_runs.let_go(held.cluster.address)
             held.cluster.resize(workers=0)
 
     def _retire(self, held: _Held, why: str, *, force: bool = False) -> None:
@@ -451,7 +451,7 @@ class TrainingSession:
 
     def _retire_locked(self, held: _Held, why: str) -> None:
         """Tear ``held`` down (``_lifecycle`` held). This process disconnects
-        from it first, and the resident run on it ends (``ResidentRuns.let_go``)."""
+        from it first, and the warm run on it ends (``WarmRuns.let_go``)."""
         with self._changed:
             if self._held is held:
                 self._held = None
@@ -489,7 +489,7 @@ class TrainingSession:
         held = self._held
         if held is not None:
             self._retire(held, "this process is ending", force=True)
-        self.resident.close()
+        self.warm_runs.close()
 
 
 def training_session() -> TrainingSession:

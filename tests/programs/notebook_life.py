@@ -169,7 +169,7 @@ def watch_disconnects(out: dict) -> None:
     def watched(*args, **kwargs):
         out["disconnects"] += 1
         out["threads_in_ray_at_disconnect"] += [
-            t.name for t in threading.enumerate() if t.name.startswith("raydist-resident") and t.is_alive()]
+            t.name for t in threading.enumerate() if t.name.startswith("raydist-warm-run") and t.is_alive()]
         return shutdown(*args, **kwargs)
 
     ray.shutdown = watched

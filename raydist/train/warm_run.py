@@ -3,7 +3,7 @@
 Every ``TorchTrainer.fit`` starts a controller and fresh worker processes,
 and each new worker imports torch and Ray Train before the user's code runs:
 on a small machine that is most of a short job's wall time. A
-:class:`ResidentRun` starts one Ray Train run whose workers stay up and take
+:class:`WarmRun` starts one Ray Train run whose workers stay up and take
 jobs (plain functions) from a :mod:`job board <raydist.train._board>` until
 they have been idle ``keep_warm_s`` seconds. A second job then starts in the
 processes the first one warmed.
@@ -38,7 +38,7 @@ from raydist.engine.connection import connected_address, process_ray, same_addre
 from raydist.errors import ClusterFailedError
 from raydist.train._inputs import RankInputs
 
-__all__ = ["ResidentRun", "ResidentRuns", "TORCHRUN_PRIORITY_ENV"]
+__all__ = ["WarmRun", "WarmRuns", "TORCHRUN_PRIORITY_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ _IDLE_HEALTH_CHECK = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "2"}
 
 
 def _serve(config: dict[str, Any]) -> None:
-    """The training function of a resident run: take jobs until told to end.
+    """The training function of a warm run: take jobs until told to end.
     Each job runs in a child forked from this warm worker
     (:mod:`raydist.train._fork`)."""
     import ray
@@ -133,7 +133,7 @@ def _check_cuda_untouched() -> None:
                            "imports?), so jobs forked from it cannot use the GPU; run with keep_warm_s=0")
 
 
-class ResidentRun:
+class WarmRun:
     """One warm Ray Train run of ``workers`` workers that runs jobs in turn.
 
     ``run(job)`` runs ``job()`` on every worker and returns rank 0's value;
@@ -202,7 +202,7 @@ class ResidentRun:
                 num_workers=self.workers, use_gpu=self.use_gpu, resources_per_worker=self.resources_per_worker
             ),
             run_config=RunConfig(
-                name=f"raydist-resident-{uuid.uuid4().hex[:8]}",
+                name=f"raydist-warm-run-{uuid.uuid4().hex[:8]}",
                 failure_config=FailureConfig(max_failures=self.max_failures),
                 worker_runtime_env=TORCHRUN_PRIORITY_ENV,
                 callbacks=[_controller_on_board(self._board), layout_callback(self.use_gpu)],
@@ -211,7 +211,7 @@ class ResidentRun:
         # The run's controller gets its settings from the context the run starts in.
         with run_settings(_IDLE_HEALTH_CHECK):
             context = contextvars.copy_context()
-        self._thread = threading.Thread(target=context.run, args=(self._fit, trainer), name="raydist-resident",
+        self._thread = threading.Thread(target=context.run, args=(self._fit, trainer), name="raydist-warm-run",
                                         daemon=True)
         self._thread.start()
         started = time.monotonic()
@@ -241,7 +241,7 @@ class ResidentRun:
         with self._lock:
             board = self._board
             if board is None or not self.alive:
-                raise ClusterFailedError("the resident training run has ended; start a new one")
+                raise ClusterFailedError("the warm training run has ended; start a new one")
             with process_ray().calling():
                 put = inputs.put() if inputs is not None else None
                 seq = ray.get(board.submit.remote(cloudpickle.dumps(job), put))
@@ -278,7 +278,7 @@ class ResidentRun:
             if state == "error":
                 rank, payload = value
                 if not payload:
-                    raise ClusterFailedError("the resident training run lost its job")
+                    raise ClusterFailedError("the warm training run lost its job")
                 error, text = cloudpickle.loads(payload)
                 error.add_note(f"raised by training worker rank {rank}; its traceback:\n{text}")
                 raise error
@@ -319,7 +319,7 @@ class ResidentRun:
         try:
             controller = ray.get(board.get_controller.remote(), timeout=_ABANDON_JOIN_S)
         except Exception as e:  # noqa: BLE001 - the run or its cluster is gone already
-            log.debug("finding the resident run's controller: %s", e)
+            log.debug("finding the warm run's controller: %s", e)
             controller = None
         if controller is None:  # still starting: end it as close() does
             self.close(timeout=_ABANDON_JOIN_S)
@@ -334,7 +334,7 @@ class ResidentRun:
             if placement_group is not None:
                 ray.util.remove_placement_group(placement_group)
         except Exception as e:  # noqa: BLE001 - gone already
-            log.debug("ending the resident run: %s", e)
+            log.debug("ending the warm run: %s", e)
         if self._thread is not None:
             self._thread.join(_ABANDON_JOIN_S)
 
@@ -357,7 +357,7 @@ class ResidentRun:
                         ray.kill(actor, no_restart=True)
                     self._thread.join(timeout)
         except Exception as e:  # noqa: BLE001 - closing after the cluster or connection is gone
-            log.debug("closing a resident run: %s", e)
+            log.debug("closing a warm run: %s", e)
         finally:
             try:
                 ray.kill(board)
@@ -367,7 +367,7 @@ class ResidentRun:
 
 def _controller_on_board(board: Any) -> Any:
     """A Ray Train controller callback that puts the controller's own actor
-    handle on ``board`` when the run starts (see ResidentRun.abandon)."""
+    handle on ``board`` when the run starts (see WarmRun.abandon)."""
     import ray
     from ray.train.v2._internal.execution.callback import ControllerCallback
 
@@ -380,15 +380,15 @@ def _controller_on_board(board: Any) -> Any:
 
 @dataclass(eq=False)
 class _Kept:
-    """The resident run, what it was started for, and whether a job is on it now."""
+    """The warm run, what it was started for, and whether a job is on it now."""
 
     key: tuple[Any, ...]
-    run: ResidentRun
+    run: WarmRun
     in_use: bool = True
 
 
-class ResidentRuns:
-    """This process's resident run: at most one, leased a job at a time.
+class WarmRuns:
+    """This process's warm run: at most one, leased a job at a time.
 
     Its workers hold the CPUs another run would need, so there is one: a job
     for the same workers takes it (after another thread's job on it), a job
@@ -405,7 +405,7 @@ class ResidentRuns:
     def run(self, job: Callable[[], Any], *, workers: int, resources_per_worker: Mapping[str, float],
             max_failures: int, keep_warm_s: float, use_gpu: bool = False, raydist_cluster: bool = True,
             inputs: RankInputs | None = None) -> Any:
-        """Run ``job()`` on the resident run for these settings on the
+        """Run ``job()`` on the warm run for these settings on the
         connected cluster (started if needed; ``raydist_cluster``: that
         cluster is raydist's own); rank 0's return value. ``inputs``: each
         rank's own. One that differs only in ``keep_warm_s`` takes the new
@@ -429,7 +429,7 @@ class ResidentRuns:
             if old is not None and old.key == key and old.run.alive:
                 old.in_use = True
                 return old
-            new = _Kept(key, ResidentRun(workers=workers, resources_per_worker=resources_per_worker,
+            new = _Kept(key, WarmRun(workers=workers, resources_per_worker=resources_per_worker,
                                          use_gpu=use_gpu, max_failures=max_failures, keep_warm_s=keep_warm_s,
                                          raydist_cluster=raydist_cluster))
             self._kept = new
@@ -446,7 +446,7 @@ class ResidentRuns:
         return new
 
     def release(self) -> None:
-        """End the resident run, if any, once no job is on it, so its
+        """End the warm run, if any, once no job is on it, so its
         workers' CPUs are free."""
         with self._changed:
             self._changed.wait_for(lambda: self._kept is None or not self._kept.in_use)
@@ -468,7 +468,7 @@ class ResidentRuns:
         kept.run.abandon()
 
     def close(self) -> None:
-        """End the resident run now, a job on it or not (at exit nothing waits)."""
+        """End the warm run now, a job on it or not (at exit nothing waits)."""
         with self._changed:
             kept, self._kept = self._kept, None
             self._changed.notify_all()
