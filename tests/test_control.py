@@ -181,8 +181,9 @@ def test_scale_an_elastic_cluster_from_the_cli(server: Server) -> None:
         while cluster.ready_workers < 1 and time.monotonic() < deadline:
             time.sleep(0.5)
             cluster = server.client().get("elastic")
-        assert cluster.ready_workers == 1 and cluster.desired_workers == 1
-        assert "scaling from 0 to 1" in server.cli("logs", "elastic").stdout
+        events = server.cli("logs", "elastic").stdout  # what happened to the node, when it did not come up
+        assert (cluster.ready_workers, cluster.desired_workers) == (1, 1), events[-4000:]
+        assert "scaling from 0 to 1" in events
         # The engine's node history is in the metrics: one start, how long it took, no loss.
         import urllib.request
 
