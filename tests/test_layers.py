@@ -104,11 +104,16 @@ LAYERS = (
 )
 
 
-def _layer(module: str) -> int:
-    for rank, tops in enumerate(LAYERS):
+def _rank(module: str, table: tuple[tuple[str, ...], ...], name: str) -> int:
+    """Where ``module`` stands in ``table`` (lowest first)."""
+    for rank, tops in enumerate(table):
         if any(module == top or module.startswith(top + ".") for top in tops):
             return rank
-    raise AssertionError(f"{module} is in no layer: add it to LAYERS (and to docs/architecture.md)")
+    raise AssertionError(f"{module} is in no entry of {name}: add it there (and to docs/architecture.md)")
+
+
+def _layer(module: str) -> int:
+    return _rank(module, LAYERS, "LAYERS")
 
 
 def test_imports_run_downward_only() -> None:
@@ -134,10 +139,7 @@ ENGINE_ROOMS = (
 
 
 def _room(module: str) -> int:
-    for rank, tops in enumerate(ENGINE_ROOMS):
-        if any(module == top or module.startswith(top + ".") for top in tops):
-            return rank
-    raise AssertionError(f"{module} is in no room of the engine: add it to ENGINE_ROOMS (and to docs/architecture.md)")
+    return _rank(module, ENGINE_ROOMS, "ENGINE_ROOMS")
 
 
 def test_the_engines_rooms_import_downward_only() -> None:
