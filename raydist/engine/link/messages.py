@@ -2,10 +2,10 @@
 
 A message is a JSON object on one line (:mod:`~raydist.engine.link.wire`)
 whose ``"type"`` names its kind: the one key every end reads
-(:func:`kind`). Each end builds what it sends with the functions below, so a
-field's name and type are written once; what an end receives is a
-``TypedDict`` it may read, checked where it is parsed (a field of the wrong
-type ends that one connection: ``channel._lines``).
+(:func:`kind`). Each end builds what it sends with the typed functions below,
+so a field's name and type are written once; what an end receives is checked
+where it is read (on the driver, a field of the wrong type ends that one
+connection: ``channel._lines``).
 
 The handshake, in clear (``keys.say_hello``, ``handshake.Handshakes``)::
 
@@ -33,13 +33,12 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterator
-from typing import Any, Literal, TypedDict
+from typing import Any
 
 from raydist.engine.nodelogs import CHUNK, LogFile
 
 __all__ = [
-    "KIND", "Challenge", "Dashboard", "DashboardAnswer", "Head", "Hello", "Logs", "LogsPart", "Started", "Stop",
-    "Stopped", "challenge", "dashboard", "dashboard_answer", "demand", "dial", "head", "hello", "kind", "log",
+    "KIND", "challenge", "dashboard", "dashboard_answer", "demand", "dial", "head", "hello", "kind", "log",
     "logs", "logs_parts", "ping", "pong", "proof", "refused", "relay_control", "relay_pair", "started", "stop",
     "stopped", "welcome",
 ]
@@ -54,22 +53,6 @@ def kind(message: object) -> str:
 
 
 # -- the handshake (clear) ---------------------------------------------------
-
-class Hello(TypedDict, total=False):
-    type: Literal["hello"]
-    key: str
-    nonce: str
-    host: str
-    pid: int
-    incarnation: str
-    resume: bool
-
-
-class Challenge(TypedDict, total=False):
-    type: Literal["challenge"]
-    nonce: str
-    proof: str
-
 
 def hello(key: str, nonce: str, **who: Any) -> dict[str, Any]:
     """A supervisor's first line: its node key, a fresh nonce, who it is."""
@@ -106,35 +89,6 @@ def pong() -> dict[str, Any]:
 
 # -- node -> driver ----------------------------------------------------------
 
-class Started(TypedDict, total=False):
-    type: Literal["started"]
-    node_ip: str
-    info: dict[str, Any]
-
-
-class Stopped(TypedDict, total=False):
-    type: Literal["stopped"]
-    code: int | None
-    reason: str
-    log_tail: list[str]
-
-
-class LogsPart(TypedDict, total=False):
-    type: Literal["logs"]
-    req: str
-    name: str
-    size: int
-    data: str  # base64
-    done: bool
-
-
-class DashboardAnswer(TypedDict, total=False):
-    type: Literal["dashboard"]
-    req: str
-    url: str
-    error: str
-
-
 def log(line: str) -> dict[str, Any]:
     """One line of what the node's processes printed."""
     return {KIND: "log", "line": line}
@@ -170,30 +124,6 @@ def dashboard_answer(req: str, *, url: str = "", error: str = "") -> dict[str, A
 
 
 # -- driver -> node ----------------------------------------------------------
-
-class Stop(TypedDict, total=False):
-    type: Literal["stop"]
-    hard: bool
-
-
-class Head(TypedDict, total=False):
-    type: Literal["head"]
-    address: str
-
-
-class Logs(TypedDict, total=False):
-    type: Literal["logs"]
-    req: str
-    name: str
-    offset: int
-    max_bytes: int
-
-
-class Dashboard(TypedDict, total=False):
-    type: Literal["dashboard"]
-    req: str
-    stop: bool
-
 
 def stop(*, hard: bool = False) -> dict[str, Any]:
     """End the node; ``hard``: without Ray's graceful stop (the whole cluster goes)."""
