@@ -65,16 +65,6 @@ EventListener = Callable[[str, str], None]
 class ClusterLifecycle:
     """A Ray cluster's parts and their life; see :class:`~raydist.engine.cluster.RayCluster`."""
 
-    # What the nodes say arrives through these (raydist.engine.cluster.router).
-    def _on_link(self, event: str, link: NodeLink) -> None:
-        raise NotImplementedError
-
-    def _on_worker_lost(self, slot: WorkerSlot, reason: str) -> bool:
-        raise NotImplementedError
-
-    def _on_head_job_end(self, reason: str) -> None:
-        raise NotImplementedError
-
     def __init__(
         self,
         spec: ClusterSpec,
@@ -108,8 +98,8 @@ class ClusterLifecycle:
         # An elastic cluster starts min_workers nodes and follows Ray's demand (engine/cluster/scaler.py).
         self._pool = WorkerPool(spec.required_workers if elastic(spec) else spec.desired_workers)
         self._node_jobs = WorkerJobs(spark, group=self._group, cluster=spec.name, temp_root=self._temp_root,
-                                stopping=self._stopping, on_lost=self._on_worker_lost, record=self._record,
-                                issue=self._node_keys.issue)
+                                     stopping=self._stopping, on_lost=self._on_worker_lost, record=self._record,
+                                     issue=self._node_keys.issue)
         self._scaler = Scaler(self._pool, start=self._node_jobs.start, cancel=self._node_jobs.cancel,
                               record=self._record)
         self._cpus = 0  # CPUs per worker node, once launched
@@ -125,6 +115,16 @@ class ClusterLifecycle:
         self.client_address = ""
         self.dashboard_url = ""
         self._deadline = time.monotonic() + spec.start_timeout_s
+
+    # What the nodes say arrives through these (raydist.engine.cluster.router).
+    def _on_link(self, event: str, link: NodeLink) -> None:
+        raise NotImplementedError
+
+    def _on_worker_lost(self, slot: WorkerSlot, reason: str) -> bool:
+        raise NotImplementedError
+
+    def _on_head_job_end(self, reason: str) -> None:
+        raise NotImplementedError
 
     @property
     def name(self) -> str:

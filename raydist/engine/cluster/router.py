@@ -67,9 +67,8 @@ class LinkRouter(ClusterLifecycle):
         elif (event in ("stopped", "closed") and link is self._head.link
               and fault_fails(self._state, stopping=self._stopping.is_set())):
             self._head.up = False
-            tail = " | ".join(self._head.tail()[-3:])
             # The workers cannot outlive their GCS: the whole cluster goes.
-            self._fail(f"the head node stopped: {link.ended_why()}" + (f": {tail}" if tail else ""))
+            self._fail(self._with_head_tail(f"the head node stopped: {link.ended_why()}"))
 
     def _on_demand(self, reading: dict[str, Any]) -> None:
         """A demand reading from the head (called with the lock held)."""
@@ -110,5 +109,9 @@ class LinkRouter(ClusterLifecycle):
                 return
             self._head.up = False
             where = "Spark task" if self._head.in_task else "node"
-            tail = " | ".join(self._head.tail()[-3:])
-            self._fail(missing or f"the head's {where} ended: {reason}" + (f": {tail}" if tail else ""))
+            self._fail(missing or self._with_head_tail(f"the head's {where} ended: {reason}"))
+
+    def _with_head_tail(self, why: str) -> str:
+        """``why`` the head went, with the last lines its node printed."""
+        tail = " | ".join(self._head.tail()[-3:])
+        return why + (f": {tail}" if tail else "")
