@@ -71,6 +71,8 @@ def test_parameters_by_keyword_getter_and_setter() -> None:
     assert refused.value.field == "num_epochs"
     with pytest.raises(ValueError, match="only one of loss_constructors and loss"):
         TorchEstimator(loss=lambda o, t: o, loss_constructors=[lambda: None])
+    # The rule is the estimator's: a model takes the parameters it is given, as Horovod's does.
+    assert TorchModel(loss="mse", loss_constructors=["mse"]).getLoss() == "mse"
     with pytest.raises(AttributeError):
         est.getNoSuchThing()  # noqa: B018
 

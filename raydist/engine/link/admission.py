@@ -1,4 +1,4 @@
-"""Who gets a place when strangers may connect: caps, and a pause when accept fails.
+"""Who gets a place when strangers may connect: caps in all and per address.
 
 Every listener a stranger can reach (the driver's node channel, a head's
 relay, the data agent) holds each new connection in a place until it proves

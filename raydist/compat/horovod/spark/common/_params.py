@@ -34,9 +34,12 @@ class HorovodParams:
     _defaults: ClassVar[dict[str, Any]] = {}
     #: Horovod's names for getters that differ from the parameter's (``getFeatureColumns``).
     _aliases: ClassVar[dict[str, str]] = {}
+    #: Whether ``loss`` and ``loss_constructors`` exclude each other here (Horovod's
+    #: PyTorch estimators refuse both at construction; their models take what they are given).
+    _one_loss: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
-        if "loss_constructors" in self._defaults and params.get("loss") is not None \
+        if self._one_loss and params.get("loss") is not None \
                 and params.get("loss_constructors") is not None:  # Horovod's rule, with its message
             raise ValueError("only one of loss_constructors and loss parameters can be specified.")
         super().__init__()  # Spark ML's Params, where the class is an Estimator or a Model too

@@ -64,6 +64,7 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
     getters and setters, ``fit(df)`` returning a :class:`TorchModel`, save and load."""
 
     _defaults: ClassVar[dict[str, Any]] = _DEFAULTS
+    _one_loss: ClassVar[bool] = True
 
     def _num_proc(self) -> int:
         from raydist.compat.horovod.spark.torch import TorchEstimator as _Torch

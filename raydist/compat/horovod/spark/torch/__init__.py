@@ -77,6 +77,7 @@ class TorchEstimator(HorovodParams, _Estimator):  # type: ignore[misc,valid-type
     :class:`TorchModel`, ``fit_on_parquet()``, save and load."""
 
     _defaults: ClassVar[dict[str, Any]] = _ESTIMATOR_DEFAULTS
+    _one_loss: ClassVar[bool] = True
 
     # what fit checks ------------------------------------------------------------
 
