@@ -82,7 +82,7 @@ def with_deepspeed_args(job: ArgvJob, config: dict[str, Any] | None, use_gpu: bo
     def run() -> Any:
         from raydist.train.runtime import scoped_env
 
-        env = {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR") or ("cuda" if use_gpu else "cpu")}
+        env = {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cuda" if use_gpu else "cpu")}
         if config is None:
             with scoped_env(env):
                 return job(["--deepspeed"])
