@@ -18,19 +18,15 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from rich.console import Console
-
 from raydist import __version__, cli_dashboard, cli_jobs
 from raydist.cli_serve import (
     _say_when_local_server_stops,
     _start_local_server,
     cmd_serve,
 )
-from raydist.cli_view import as_dict, clusters_table, nodes_table
+from raydist.cli_view import as_dict, clusters_table, err, nodes_table, out
 from raydist.errors import ControlPlaneUnavailableError, HomeInUseError, RaydistError
 
-err = Console(stderr=True)
-out = Console()
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # usage errors exit 2 with the usage line

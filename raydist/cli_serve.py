@@ -16,13 +16,9 @@ import sys
 import time
 
 import psutil
-from rich.console import Console
 
+from raydist.cli_view import err, out
 from raydist.errors import ControlPlaneUnavailableError, HomeInUseError
-
-err = Console(stderr=True)
-out = Console()
-
 
 #: How long a control plane that `raydist up` started waits without a
 #: cluster before it stops itself (it holds a Spark application).

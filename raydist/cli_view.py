@@ -1,4 +1,5 @@
-"""How the CLI shows clusters: tables (rich) and JSON dicts of the API's messages."""
+"""How the CLI shows things: its two consoles (``out`` for results, ``err`` for
+progress and errors), tables (rich) and JSON dicts of the API's messages."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["as_dict", "clusters_table", "nodes_table"]
+__all__ = ["as_dict", "clusters_table", "err", "nodes_table", "out"]
+
+err = Console(stderr=True)
+out = Console()
 
 STATE_STYLE = {"RUNNING": "green", "CREATING": "yellow", "DEGRADED": "yellow", "DELETING": "yellow",
                "DELETED": "dim", "FAILED": "red"}
