@@ -145,7 +145,8 @@ def _room(module: str) -> int:
 def test_the_engines_rooms_import_downward_only() -> None:
     """The engine is shown as rooms (the link, the Spark side, a node, the
     cluster): a node's supervisor runs in a Spark task and must never reach
-    the cluster's code, nor the link the Spark side's."""
+    the cluster's code, and the link, which both ends share, knows neither
+    the node's processes nor the cluster."""
     known = {name: path for name, path in _modules().items() if name.startswith("raydist.engine.")}
     upward = sorted(f"{name} -> {target}" for name, path in known.items()
                     for target in _imports(path, known) if _room(target) > _room(name))
