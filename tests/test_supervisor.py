@@ -21,6 +21,7 @@ from raydist.engine.link.channel import NodeChannel, NodeLink
 from raydist.engine.link.handshake import MAX_PENDING, MAX_PENDING_PER_SOURCE
 from raydist.engine.link.keys import NodeKeys, say_hello
 from raydist.engine.link.wire import LineReader
+from raydist.engine.node.reaper import started_at
 
 pytestmark = pytest.mark.component
 
@@ -47,7 +48,7 @@ def _start_at(address: tuple[str, int], secret: str, watch: list[psutil.Process]
         "node_secret": secret,
         "argv": ["bash", "-c", TREE],
         "env": {},
-        "watch": [[p.pid, p.create_time()] for p in watch],
+        "watch": [[p.pid, started_at(p.pid)] for p in watch],
         "wait_for": "",
         "deadline_s": 30,
         **link,
@@ -129,6 +130,29 @@ def test_death_of_watched_process_kills_the_tree(channel) -> None:
     assert rec.wait("closed")
     assert f"watched process {stand_in.pid} died" in ch.links()["w0"].ended_why()
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_watched_process_stays_alive_when_the_wall_clock_moves(monkeypatch) -> None:
+    """Linux gives the boot time in whole seconds, derived from the wall
+    clock: a clock step or NTP's slewing moves it by a second under a live
+    process. A node that took that for its Spark task's death stopped at
+    random (a head at start, a worker mid-run, its driver with it)."""
+    from psutil import _pslinux
+
+    from raydist.engine.node.reaper import watched_alive
+
+    stand_in = subprocess.Popen(["sleep", "300"])
+    try:
+        started = started_at(stand_in.pid)
+        assert watched_alive(stand_in.pid, started)
+        booted = _pslinux.boot_time()
+        monkeypatch.setattr(_pslinux, "boot_time", lambda: booted + 1.0)  # the clock stepped
+        assert watched_alive(stand_in.pid, started)
+        assert not watched_alive(stand_in.pid, started - 0.5)  # another process given the same pid
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+    assert not watched_alive(stand_in.pid, started)
 
 
 def test_lost_driver_link_kills_the_tree(channel) -> None:

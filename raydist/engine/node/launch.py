@@ -27,7 +27,7 @@ from raydist.engine.link.keys import relay_key
 from raydist.engine.link.relay import LinkRelay
 from raydist.engine.link.wire import HEAD_FROM_LINK
 from raydist.engine.node.procs import SCOPE_VARIABLE
-from raydist.engine.node.reaper import KILL_GRACE_S
+from raydist.engine.node.reaper import KILL_GRACE_S, started_at
 from raydist.engine.ports import preferred_or_free_port
 from raydist.engine.sizing import NodeSize, memory_limit, node_size, visible_gpus
 from raydist.paths import private_dir
@@ -249,7 +249,7 @@ def spawn_supervisor(plan: NodePlan, *, argv: list[str], node_ip: str, env: Mapp
         "argv": argv,
         "env": {**env, **plan.secret_env},
         "node_ip": node_ip,
-        "watch": [[p.pid, p.create_time()] for p in watch],
+        "watch": [[p.pid, started_at(p.pid)] for p in watch],
         "wait_for": "" if plan.head else plan.gcs_address,
         "deadline_s": plan.deadline_s,
         "info": dict(info),

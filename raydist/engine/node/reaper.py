@@ -19,7 +19,7 @@ import time
 import psutil
 
 __all__ = ["KILL_GRACE_S", "become_subreaper", "core_died", "die_with_parent", "kill_descendants", "start_sentinel",
-           "watched_alive"]
+           "started_at", "watched_alive"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -134,10 +134,35 @@ def core_died(seen: dict[int, tuple[psutil.Process, str]]) -> str:
     return ""
 
 
-def watched_alive(pid: int, create_time: float) -> bool:
+def started_at(pid: int) -> float:
+    """When process ``pid`` started, by a clock nothing sets: seconds since
+    boot (Linux's ``/proc/PID/stat``), so ``(pid, started_at(pid))`` names one
+    process for its whole life, in any process that reads it.
+
+    Not psutil's ``create_time()``: that adds the boot time, which Linux
+    gives in whole seconds and derives from the wall clock, so a clock step
+    or NTP's slewing makes two readings of one live process differ by a
+    second, and a watcher would take it for dead (psutil's own process
+    identity uses the since-boot time for this reason). Where there is no
+    ``/proc``, psutil's ``create_time()``. Raises psutil.NoSuchProcess for a
+    process that is gone."""
     try:
-        proc = psutil.Process(pid)
-        return abs(proc.create_time() - create_time) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        raise psutil.NoSuchProcess(pid) from None
+    except OSError:
+        return psutil.Process(pid).create_time()
+    # Field 22, starttime in clock ticks; the fields after the command's ")"
+    # start at field 3 (a command may hold spaces and parentheses).
+    return int(stat.rsplit(b")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def watched_alive(pid: int, started: float) -> bool:
+    """Whether the process ``(pid, started_at(pid))`` named still runs (not
+    a zombie, not a new process given its pid)."""
+    try:
+        return started_at(pid) == started and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 
