@@ -5,7 +5,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # Tools spawned by name (`ray`, used by ray.util.spark) must come from .venv.
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: venv demo test test-unit test-component test-integration bench-startup bench-startup-standalone bench-training bench-chaos bench-scaling bench-connect bench-estimators bench-horovod bench-scale bench-gpu bench-suite-jvm refresh-originals lint
+.PHONY: venv demo test test-unit test-component test-integration bench-startup bench-startup-standalone bench-training bench-chaos bench-scaling bench-connect bench-estimators bench-horovod bench-scale bench-gpu bench-suite-jvm bench-spark-tasks refresh-originals lint
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -32,6 +32,10 @@ test-integration: venv
 
 bench-training: venv
 	$(PY) benchmarks/training.py
+
+## A run's ranks in Spark barrier tasks (no Ray): raydist's launcher against pyspark's.
+bench-spark-tasks: venv
+	$(PY) benchmarks/spark_tasks.py
 
 bench-startup: venv
 	$(PY) benchmarks/startup.py

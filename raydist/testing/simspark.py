@@ -59,7 +59,9 @@ class SimSide(SparkSide):
         return self.sim.executors
 
     def run_tasks(self, body: TaskBody, n: int = 1, *, group: str, tag: str = "", profile: Any = None,
-                  description: str = "") -> list[str]:
+                  description: str = "", barrier: bool = False) -> list[str]:
+        if barrier:
+            raise NotImplementedError("simulated executors run no barrier stages (they run no training)")
         job = self.submit(body, n, group=group, tag=tag, profile=profile, description=description)
         assert isinstance(job, _SimJob)
         job.done.wait()

@@ -5,9 +5,10 @@ modules) and nothing a previous job left behind, as a fresh process would.
 It ends with ``os._exit``: no interpreter teardown. The child dies with the
 process that forked it.
 
-Two parents use this: a warm Ray Train worker (one child per job, see
-:mod:`raydist.train.warm_run`) and the driver's local runner (one child per
-rank, see :mod:`raydist.train.local`).
+Three parents use this: a warm Ray Train worker (one child per job, see
+:mod:`raydist.train.warm_run`), the driver's local runner (one child per
+rank, see :mod:`raydist.train.local`) and a Spark barrier task (one child
+per rank of the task, see :mod:`raydist.train.spark_tasks`).
 
 A torch deadlock the child steps around: a DDP model freed after
 ``destroy_process_group()`` (as when a training function returns) frees the
@@ -83,12 +84,14 @@ def default_pickler() -> Any:
 
 
 def fork_job(
-    job: Callable[[], Any], env: dict[str, str], *, before: set[str] | None = None, pickler: Any = None
+    job: Callable[[], Any], env: dict[str, str], *, before: set[str] | None = None, pickler: Any = None,
+    output_fd: int | None = None,
 ) -> Child:
     """Fork a child that runs ``job()`` with ``env`` added to its environment
     and sends back its outcome: (OK, pickled value) or (ERROR, pickled
     (error, traceback text)), pickled with ``pickler`` (a cloudpickle module;
-    Ray's by default)."""
+    Ray's by default). ``output_fd``: where the child's stdout and stderr go
+    (the parent's by default)."""
     cloudpickle = pickler or default_pickler()
 
     known = set(sys.modules) if before is None else before
@@ -100,6 +103,9 @@ def fork_job(
         code = 0
         try:
             os.close(read_fd)
+            if output_fd is not None:
+                os.dup2(output_fd, 1)
+                os.dup2(output_fd, 2)
             die_with_parent(signal.SIGKILL)
             keep_destroyed_groups()
             os.environ.update(env)
@@ -175,6 +181,28 @@ def run_ranks(jobs: Sequence[Callable[[], Any]], *, pickler: Any = None) -> list
         raise
     learn_imports(sorted(imported))
     return [o if o is not None else (CANCELLED, None) for o in outcomes]
+
+
+def rank0_or_raise(outcomes: Sequence[tuple[str, Any]], pickler: Any, *, order: Sequence[int] = ()) -> Any:
+    """Rank 0's value from each rank's (kind, payload), in rank order; or
+    the first failure, raised: a rank's error as itself, with the rank and
+    its traceback as a note, a rank that died without an outcome as a
+    ClusterFailedError. ``order``: the ranks in the order they ended (the
+    first failure is the cause; the ones after may be its effects)."""
+    from raydist.errors import ClusterFailedError
+
+    for rank in [*order, *range(len(outcomes))]:
+        kind, payload = outcomes[rank]
+        if kind == ERROR:
+            error, text = pickler.loads(payload)
+            error.add_note(f"raised by training process rank {rank}; its traceback:\n{text}")
+            raise error
+        if kind == LOST:
+            raise ClusterFailedError(f"training process rank {rank} {payload}")
+    kind, payload = outcomes[0]
+    if kind != OK:
+        raise ClusterFailedError("the training run was cancelled")
+    return pickler.loads(payload)
 
 
 def learn_imports(names: Sequence[str]) -> None:

@@ -94,6 +94,8 @@ class LocalRun:
         environment plus ``env``; rank 0's value."""
         from pyspark import cloudpickle
 
+        from raydist.train._fork import rank0_or_raise
+
         request = cloudpickle.dumps(
             {"job": cloudpickle.dumps(job), "world": world, "env": {**os.environ, **(env or {})},
              "cwd": os.getcwd(), "sys_path": list(sys.path)}
@@ -107,7 +109,7 @@ class LocalRun:
                 code = self._proc.wait() if self._proc is not None else None
                 self.close()
                 raise ClusterFailedError(f"the local training processes' parent ended (exit code {code})")
-        return _rank0_or_raise(cloudpickle.loads(reply), cloudpickle)
+        return rank0_or_raise(cloudpickle.loads(reply), cloudpickle)
 
     def _exchange(self, request: bytes) -> bytes | None:
         """Send one run to the forker (started if needed); its reply, or None
@@ -162,22 +164,6 @@ def _copy_lines(stream: IO[bytes] | None) -> None:
             sys.stdout.flush()
     except (OSError, ValueError):  # closed under us at close()
         pass
-
-
-def _rank0_or_raise(outcomes: list[tuple[str, Any]], pickler: Any) -> Any:
-    from raydist.train._fork import ERROR, LOST, OK
-
-    for rank, (kind, payload) in enumerate(outcomes):
-        if kind == ERROR:
-            error, text = pickler.loads(payload)
-            error.add_note(f"raised by training process rank {rank}; its traceback:\n{text}")
-            raise error
-        if kind == LOST:
-            raise ClusterFailedError(f"training process rank {rank} {payload}")
-    kind, payload = outcomes[0]
-    if kind != OK:
-        raise ClusterFailedError("the local training run was cancelled")
-    return pickler.loads(payload)
 
 
 # --------------------------------------------------------------- the forker

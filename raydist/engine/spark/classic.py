@@ -112,9 +112,11 @@ class ClassicSide(SparkSide):
         return int(self.spark.sparkContext.defaultParallelism)
 
     @contextlib.contextmanager
-    def _job(self, body: TaskBody, n: int, group: str, tag: str, profile: Any, description: str) -> Iterator[Any]:
-        """The RDD of ``n`` tasks running ``body``, with this thread's group
-        and tag set while it is submitted (labels are the submitting thread's)."""
+    def _job(self, body: TaskBody, n: int, group: str, tag: str, profile: Any, description: str,
+             barrier: bool = False) -> Iterator[Any]:
+        """The RDD of ``n`` tasks running ``body`` (one barrier stage if
+        ``barrier``), with this thread's group and tag set while it is
+        submitted (labels are the submitting thread's)."""
         sc = self.spark.sparkContext
         sc.setJobGroup(group, description, True)
         if tag:
@@ -123,14 +125,15 @@ class ClassicSide(SparkSide):
             rdd = sc.parallelize(range(n), n)
             if profile is not None:
                 rdd = rdd.withResources(profile)
-            yield rdd.mapPartitions(functools.partial(_each, body))
+            each = functools.partial(_each, body)
+            yield rdd.barrier().mapPartitions(each) if barrier else rdd.mapPartitions(each)
         finally:
             if tag and sc._jsc is not None:
                 sc.removeJobTag(tag)
 
     def run_tasks(self, body: TaskBody, n: int = 1, *, group: str, tag: str = "", profile: Any = None,
-                  description: str = "") -> list[str]:
-        with self._job(body, n, group, tag, profile, description) as rdd:
+                  description: str = "", barrier: bool = False) -> list[str]:
+        with self._job(body, n, group, tag, profile, description, barrier) as rdd:
             return list(rdd.collect())
 
     def submit(self, body: TaskBody, n: int = 1, *, group: str, tag: str = "", profile: Any = None,

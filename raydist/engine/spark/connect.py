@@ -228,10 +228,10 @@ class ConnectSide(SparkSide):
                         self.spark.removeTag(label)
 
     def run_tasks(self, body: TaskBody, n: int = 1, *, group: str, tag: str = "", profile: Any = None,
-                  description: str = "") -> list[str]:
+                  description: str = "", barrier: bool = False) -> list[str]:
         with self._labelled(group, tag):
             df = self.spark.range(n, numPartitions=n)
-            out = df.mapInArrow(_arrow_body(body), "out string", profile=profile)
+            out = df.mapInArrow(_arrow_body(body), "out string", barrier=barrier, profile=profile)
             return [row.out for row in out.collect()]
 
     def run_announcing(self, body: AnnouncingBody, *, group: str, tag: str = "", profile: Any = None,

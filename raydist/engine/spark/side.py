@@ -118,10 +118,13 @@ class SparkSide(abc.ABC):
 
     @abc.abstractmethod
     def run_tasks(self, body: TaskBody, n: int = 1, *, group: str, tag: str = "", profile: Any = None,
-                  description: str = "") -> list[str]:
+                  description: str = "", barrier: bool = False) -> list[str]:
         """Run ``body`` in ``n`` tasks of one Spark job (with ``profile``'s
         task resources when given) and return what each said. Blocks until
-        the job ends; raises what the job raised (a cancel included)."""
+        the job ends; raises what the job raised (a cancel included).
+        ``barrier``: the tasks form one barrier stage, as Spark's own
+        distributors run theirs: all start together or none does, each may
+        use ``BarrierTaskContext``, and they fail together."""
 
     def submit(self, body: TaskBody, n: int = 1, *, group: str, tag: str = "", profile: Any = None,
                description: str = "") -> SparkJob:

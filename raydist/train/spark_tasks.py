@@ -1,0 +1,217 @@
+"""A run's ranks in Spark barrier tasks, with no Ray: the way pyspark runs them.
+
+pyspark's distributors run a job as one barrier stage of Spark tasks, each
+starting ``torchrun`` for its share of the ranks. A first run that waits for
+a Ray cluster pays the head's, the nodes' and Ray Train's starts before any
+rank runs; one in Spark's tasks pays none of them. :func:`run_in_spark_tasks`
+runs a job that way, with the contract of a run on Ray: every rank gets
+torchrun's environment as :func:`raydist.train._layout.torchrun_layout`
+gives it (so ``LOCAL_RANK`` indexes the task's own ``CUDA_VISIBLE_DEVICES``),
+rank 0's value comes back, the first failing rank's error is raised as
+itself, with the rank and its traceback as a note, and what each rank
+printed is printed on the driver when the run ends (pyspark streams it while
+the run goes; that comes when the distributors use this).
+
+In each task the Spark Python worker forks one child per rank
+(:mod:`raydist.train._fork`), after importing ``torch`` itself: Spark reuses
+its Python workers, so a later run's ranks fork from a process that has.
+
+The tasks agree on how the run ends through the barrier itself
+(``allGather`` every :data:`ROUND_S`): when a rank fails anywhere, every task
+kills its own ranks at once (they would wait for the dead one in a
+collective) and all tasks end normally, so Spark never retries the stage and
+the error reaches the driver whole, on a classic session and on Connect
+alike (no task dials the driver).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import os
+import select
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from raydist.train._layout import Placed, torchrun_layout
+
+__all__ = ["OUTPUT_LIMIT", "ROUND_S", "run_in_spark_tasks", "task_ranks"]
+
+#: How often the tasks of a run compare notes (a barrier ``allGather``): the
+#: longest a successful run waits after its last rank ends, and a failure
+#: takes to stop the other tasks' ranks.
+ROUND_S = 0.25
+#: The most of one rank's output (bytes, its last) that reaches the driver.
+OUTPUT_LIMIT = 1 << 20
+
+_RUNNING, _DONE, _FAILED = "running", "done", "failed"
+
+
+def task_ranks(ranks: int, per_task: int) -> list[range]:
+    """The world ranks of each task: ``per_task`` consecutive ranks a task,
+    the last task taking what is left."""
+    return [range(start, min(ranks, start + per_task)) for start in range(0, ranks, per_task)]
+
+
+def run_in_spark_tasks(
+    job: Callable[[], Any],
+    *,
+    spark: Any,
+    ranks: int,
+    per_task: int = 1,
+    use_gpu: bool = False,
+    env: dict[str, str] | None = None,
+    group: str = "",
+    description: str = "raydist: training ranks",
+) -> Any:
+    """Run ``job()`` in ``ranks`` processes, ``per_task`` to a task of one
+    barrier stage on ``spark`` (classic or Connect); rank 0's value.
+
+    ``env`` is added to every rank's environment (over the executor's own,
+    under the layout's). ``group`` labels the Spark job, so that cancelling
+    it ends the run. The tasks take Spark's default task resources, as
+    pyspark's distributors' do; a GPU run's ranks share their task's GPUs.
+    """
+    from pyspark import cloudpickle
+
+    from raydist.engine.spark.sides import side_of
+    from raydist.train._fork import rank0_or_raise
+
+    side = side_of(spark)
+    group = group or f"raydist-ranks-{os.getpid()}-{time.monotonic_ns()}"
+    body = functools.partial(_task_body, cloudpickle.dumps(job), ranks, per_task, use_gpu, dict(env or {}))
+    try:
+        said = side.run_tasks(body, len(task_ranks(ranks, per_task)), group=group, description=description,
+                              barrier=True)
+    except BaseException:
+        side.cancel(group=group)  # an interrupted run: its tasks (and their ranks) end too
+        raise
+    outcomes: dict[int, tuple[str, Any]] = {}
+    ended: dict[int, float] = {}
+    printed: dict[int, str] = {}
+    for line in said:
+        ranks_said, output = cloudpickle.loads(base64.b64decode(line))
+        for rank, kind, payload, at in ranks_said:
+            outcomes[rank], ended[rank] = (kind, payload), at
+        printed.update(output)
+    for rank in sorted(printed):  # the ranks' output on this console, as pyspark streams torchrun's
+        if printed[rank]:
+            sys.stdout.write(printed[rank] if printed[rank].endswith("\n") else printed[rank] + "\n")
+    sys.stdout.flush()
+    # The rank that failed first, not one that failed because it did.
+    return rank0_or_raise([outcomes[r] for r in range(ranks)], cloudpickle, order=sorted(ended, key=ended.get))
+
+
+# ------------------------------------------------------------- in a task
+
+
+def _task_body(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env: dict[str, str]) -> str:
+    """One task of the stage: fork this task's ranks, wait with the other
+    tasks for the run to end, and say each rank's outcome."""
+    from pyspark import BarrierTaskContext, cloudpickle
+
+    from raydist.engine.ports import free_port
+    from raydist.train._fork import CANCELLED, OK, fork_job, learn_imports
+
+    ctx = BarrierTaskContext.get()
+    task = ctx.partitionId()
+    mine = task_ranks(ranks, per_task)[task]
+    master = ctx.getTaskInfos()[0].address.rsplit(":", 1)[0]
+    port = ctx.allGather(str(free_port(master)) if task == 0 else "")[0]
+    gpus = _task_gpus(ctx) if use_gpu else []
+    own = dict(zip(mine, gpus, strict=False))  # each rank's own device, the first ones the task's ranks'
+    placed = [Placed(f"task-{r // per_task}", (own[r],) if r in own else ()) for r in range(ranks)]
+    layout = torchrun_layout(placed, use_gpu=use_gpu)
+    try:
+        import torch  # noqa: F401 - imported once in the (reused) Python worker, not in every rank
+    except ImportError:
+        pass
+    children, output = [], {}
+    for rank in mine:
+        rank_env = {**env, **layout[rank], "MASTER_ADDR": master, "MASTER_PORT": port}
+        if use_gpu and not gpus:
+            rank_env.pop("CUDA_VISIBLE_DEVICES", None)  # Spark gave the task no GPUs: the executor's own
+        read_end, write_end = os.pipe()
+        children.append(fork_job(functools.partial(_unpickled, payload), rank_env, pickler=cloudpickle,
+                                 output_fd=write_end))
+        os.close(write_end)
+        output[read_end] = _Output(rank)
+    outcomes: dict[int, tuple[str, Any]] = {}
+    ended: dict[int, float] = {}
+    imported: set[str] = set()
+    try:
+        while True:
+            deadline = time.monotonic() + ROUND_S
+            while (left := deadline - time.monotonic()) > 0 and any(not c.done for c in children):
+                watched = [c.fd for c in children if not c.done] + [fd for fd, o in output.items() if o.open]
+                ready, _, _ = select.select(watched, [], [], left)
+                for fd in ready:
+                    if fd in output:
+                        output[fd].read(fd)
+                for rank, child in zip(mine, children, strict=True):
+                    if child.fd in ready and not child.done and child.read():
+                        kind, result, names = child.outcome(cloudpickle)
+                        outcomes[rank], ended[rank] = (kind, result), time.time()
+                        imported.update(names)
+            state = (_FAILED if any(kind != OK for kind, _ in outcomes.values())
+                     else _DONE if all(c.done for c in children) else _RUNNING)
+            states = ctx.allGather(state)
+            if _FAILED in states or all(s == _DONE for s in states):
+                break
+    finally:
+        for child in children:
+            if not child.done:
+                child.kill()
+        for fd, out in output.items():
+            while out.open:  # every child has ended: what is left is in the pipe
+                out.read(fd)
+    learn_imports(sorted(imported))
+    late = time.time()  # a killed rank ended after every failure that killed it
+    said = [(rank, *outcomes.get(rank, (CANCELLED, None)), ended.get(rank, late)) for rank in mine]
+    said_out = {out.rank: out.text() for out in output.values()}
+    return base64.b64encode(cloudpickle.dumps((said, said_out))).decode()
+
+
+class _Output:
+    """What one rank printed (stdout and stderr, as they came), its last
+    :data:`OUTPUT_LIMIT` bytes."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.open = True
+        self._data = bytearray()
+        self._dropped = 0
+
+    def read(self, fd: int) -> None:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            self.open = False
+            os.close(fd)
+            return
+        self._data += chunk
+        if len(self._data) > OUTPUT_LIMIT:
+            cut = len(self._data) - OUTPUT_LIMIT
+            self._dropped += cut
+            del self._data[:cut]
+
+    def text(self) -> str:
+        head = f"[raydist: the first {self._dropped} bytes of rank {self.rank}'s output were dropped]\n"
+        return (head if self._dropped else "") + self._data.decode(errors="replace")
+
+
+def _unpickled(payload: bytes) -> Any:
+    from pyspark import cloudpickle
+
+    return cloudpickle.loads(payload)()
+
+
+def _task_gpus(ctx: Any) -> list[str]:
+    """The devices CUDA should see for this task's GPUs (Spark's addresses,
+    mapped through an executor's own ``CUDA_VISIBLE_DEVICES``)."""
+    from raydist.engine.sizing import visible_gpus
+
+    resources = ctx.resources()
+    addresses = list(resources["gpu"].addresses) if "gpu" in resources else []
+    return visible_gpus(addresses, os.environ.get("CUDA_VISIBLE_DEVICES"))

@@ -1,0 +1,95 @@
+"""A run's ranks in Spark barrier tasks, no Ray (raydist.train.spark_tasks),
+on the suite's real local-cluster: two executors, one slot each."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import psutil
+import pytest
+
+from raydist.train.spark_tasks import run_in_spark_tasks, task_ranks
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True, scope="module")
+def functions_by_value():
+    """The executors cannot import ``tests``: this module's functions travel whole."""
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield
+    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "GROUP_WORLD_SIZE",
+        "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "FROM_DRIVER")
+
+
+def each_rank_says() -> list[dict]:
+    """A torchrun-style function: makes its own process group from the
+    environment, as user code written for pyspark's distributor does."""
+    import torch
+    import torch.distributed as dist
+
+    print(f"rank {os.environ['RANK']} starts", flush=True)
+    dist.init_process_group("gloo")
+    total = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(total)
+    mine = {k: os.environ.get(k) for k in KEYS} | {"pid": os.getpid(), "sum": total.item()}
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    dist.destroy_process_group()
+    return everyone
+
+
+def test_ranks_as_torchrun_lays_them_out_and_rank_0s_value_back(spark, capsys) -> None:
+    ranks = run_in_spark_tasks(each_rank_says, spark=spark, ranks=2, env={"FROM_DRIVER": "yes"})
+    printed = capsys.readouterr().out  # what each rank printed, on the driver's console
+    assert "rank 0 starts" in printed and "rank 1 starts" in printed
+    assert [r["RANK"] for r in ranks] == ["0", "1"]
+    assert {r["WORLD_SIZE"] for r in ranks} == {"2"} and {r["GROUP_WORLD_SIZE"] for r in ranks} == {"2"}
+    # One rank a task, as pyspark's CPU runs: each its task's only local rank.
+    assert [(r["LOCAL_RANK"], r["LOCAL_WORLD_SIZE"], r["NODE_RANK"]) for r in ranks] == [("0", "1", "0"),
+                                                                                         ("0", "1", "1")]
+    assert len({(r["MASTER_ADDR"], r["MASTER_PORT"]) for r in ranks}) == 1
+    assert all(r["CUDA_VISIBLE_DEVICES"] == "" and r["FROM_DRIVER"] == "yes" for r in ranks)
+    assert {r["sum"] for r in ranks} == {3.0}  # the collective ran across both tasks
+    # Each rank was a process of its own, and none outlives the run.
+    assert len({r["pid"] for r in ranks}) == 2
+    assert not [p for p in (r["pid"] for r in ranks) if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert "RANK" not in os.environ  # nothing of the ranks' environment here
+
+
+def fails_on_rank_1(marks: str) -> None:
+    """Rank 1 fails before any collective; rank 0 waits in one for it, as a
+    real rank would, until the run ends it."""
+    import torch.distributed as dist
+
+    with open(os.path.join(marks, os.environ["RANK"]), "a") as f:
+        f.write("started\n")
+    if os.environ["RANK"] == "1":
+        print("rank 1 saw a bad batch", file=sys.stderr)
+        raise ValueError("bad batch on rank 1")
+    dist.init_process_group("gloo")  # waits for rank 1, which never comes
+    dist.barrier()
+
+
+def test_a_failing_rank_raises_its_own_error_once_and_ends_the_others(spark, tmp_path, capsys) -> None:
+    with pytest.raises(ValueError, match="bad batch on rank 1") as raised:
+        run_in_spark_tasks(lambda: fails_on_rank_1(str(tmp_path)), spark=spark, ranks=2)
+    assert any("training process rank 1" in note for note in raised.value.__notes__)
+    assert "rank 1 saw a bad batch" in capsys.readouterr().out  # its stderr too
+    # Each rank started once: the stage ended normally, Spark retried nothing.
+    assert sorted(os.listdir(tmp_path)) == ["0", "1"]
+    assert [(tmp_path / r).read_text() for r in ("0", "1")] == ["started\n", "started\n"]
+    # Spark's slots are free again: the next run gets both.
+    assert len(run_in_spark_tasks(each_rank_says, spark=spark, ranks=2)) == 2
+
+
+def test_task_ranks_splits_the_world_into_tasks() -> None:
+    assert task_ranks(4, 2) == [range(0, 2), range(2, 4)]
+    assert task_ranks(3, 2) == [range(0, 2), range(2, 3)]
+    assert task_ranks(2, 1) == [range(0, 1), range(1, 2)]
