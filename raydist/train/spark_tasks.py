@@ -164,14 +164,27 @@ def _task_body(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env: di
         for child in children:
             if not child.done:
                 child.kill()
-        for fd, out in output.items():
-            while out.open:  # every child has ended: what is left is in the pipe
-                out.read(fd)
+        _drain(output)
     learn_imports(sorted(imported))
     late = time.time()  # a killed rank ended after every failure that killed it
     said = [(rank, *outcomes.get(rank, (CANCELLED, None)), ended.get(rank, late)) for rank in mine]
     said_out = {out.rank: out.text() for out in output.values()}
     return base64.b64encode(cloudpickle.dumps((said, said_out))).decode()
+
+
+def _drain(output: dict[int, _Output], within_s: float = 2.0) -> None:
+    """Read what the ranks left in their pipes. Every rank has ended; a
+    process a rank started may still hold its pipe open, so this reads for
+    ``within_s`` at most, then closes what is left."""
+    deadline = time.monotonic() + within_s
+    while (open_fds := [fd for fd, out in output.items() if out.open]) and (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select(open_fds, [], [], left)
+        for fd in ready:
+            output[fd].read(fd)
+    for fd, out in output.items():
+        if out.open:
+            out.open = False
+            os.close(fd)
 
 
 class _Output:
