@@ -124,10 +124,14 @@ def check_lightning_estimator_program(out: dict) -> None:
     assert out["same_after_load"] is True
     # Horovod's Lightning history: the metrics the module logged last (averaged over the ranks: sync_dist).
     assert set(out["history"]) == {"train_loss", "val_loss"}
-    # Lightning's checkpoint under runs/<run_id>; the second fit resumed from it
-    # (epochs 5 and 6 on top of 4) and went on learning.
+    # Lightning's checkpoint under runs/<run_id>; the second fit (epochs=6)
+    # resumed from it: it trained epochs 5 and 6 only, on top of the first
+    # fit's 4, and its model still predicts well. (Not "its val_loss is
+    # lower": each fit draws its own validation rows, so the two losses are
+    # of different rows and either may be the larger.)
     assert out["checkpoint"] == ["checkpoint.ckpt"]
-    assert out["resumed_history"]["val_loss"] < out["history"]["val_loss"]
+    assert out["train_epochs"] == [4, 2]
+    assert set(out["resumed_history"]) == {"train_loss", "val_loss"}
     assert out["resumed_accuracy"] > 0.75
 
 

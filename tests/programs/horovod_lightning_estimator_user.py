@@ -70,21 +70,32 @@ class Net(LightningModule):
 
 
 class EpochCounter(Callback):
-    def __init__(self):
+    """Counts the epochs a fit trains; rank 0 also notes the count in
+    ``path`` (the ranks run elsewhere: the program reads it back)."""
+
+    def __init__(self, path):
         self.train_epochs = 0
+        self.path = path
 
     def on_train_epoch_end(self, trainer, model):
         self.train_epochs += 1
 
     def on_train_end(self, trainer, model):
         print(f"Training ends: train_epochs={self.train_epochs}", flush=True)
+        if trainer.global_rank == 0:
+            with open(self.path, "a") as f:
+                f.write(f"{self.train_epochs}\n")
+
+
+os.makedirs(args.work_dir, exist_ok=True)
+epochs_seen = os.path.join(args.work_dir, "train_epochs")
 
 
 torch.manual_seed(0)
 backend = SparkBackend(num_proc=2)
 torch_estimator = hvd.TorchEstimator(backend=backend, store=store, model=Net(), input_shapes=[[-1, 4]],
                                      feature_cols=["features"], label_cols=["label"], batch_size=16, epochs=4,
-                                     validation=0.1, verbose=0, callbacks=[EpochCounter()], run_id="run1",
+                                     validation=0.1, verbose=0, callbacks=[EpochCounter(epochs_seen)], run_id="run1",
                                      random_seed=3)
 torch_model = torch_estimator.fit(train_df).setOutputCols(["label_prob"])
 
@@ -106,7 +117,8 @@ checkpoint = sorted(f for f in os.listdir(store.get_checkpoint_path("run1")) if 
 # The same run_id again, two more epochs: it resumes from the checkpoint (Lightning counts epochs on).
 resumed = hvd.TorchEstimator(backend=SparkBackend(num_proc=2), store=store, model=Net(), input_shapes=[[-1, 4]],
                              feature_cols=["features"], label_cols=["label"], batch_size=16, epochs=6,
-                             validation=0.1, verbose=0, run_id="run1").fit(train_df)
+                             validation=0.1, verbose=0, callbacks=[EpochCounter(epochs_seen)],
+                             run_id="run1").fit(train_df)
 default_columns = resumed.getOutputCols()  # Horovod's name: <label>__output
 resumed_accuracy = evaluator.evaluate(resumed.setOutputCols(["label_prob"]).transform(test_df)
                                       .withColumn("label_pred", argmax("label_prob")))
@@ -117,4 +129,5 @@ print("RESULT " + json.dumps({
     "default_columns": default_columns,
     "same_after_load": same_after_load, "checkpoint": checkpoint, "history": history,
     "resumed_history": resumed.getHistory(),
+    "train_epochs": [int(n) for n in open(epochs_seen).read().split()],
 }))
