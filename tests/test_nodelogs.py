@@ -157,8 +157,10 @@ def test_a_kept_run_is_read_back_by_run_node_and_text(tmp_path: Path) -> None:
 
 
 def test_a_dead_core_process_leaves_its_last_error_lines(tmp_path: Path) -> None:
-    """What goes into "the head node stopped: Ray's raylet exited": its stderr
-    when it wrote one, else its log's ERROR and FATAL lines, never INFO."""
+    """What goes into "the head node stopped: Ray's raylet exited": its log's
+    ERROR and FATAL lines (never INFO), then its stderr without a
+    backtrace's frames (a crash's last three lines were all frames: where,
+    not why)."""
     logs = tmp_path / "session_latest" / "logs"
     logs.mkdir(parents=True)
     (logs / "raylet.out").write_text(
@@ -167,6 +169,11 @@ def test_a_dead_core_process_leaves_its_last_error_lines(tmp_path: Path) -> None
         "[2026-12-07 00:00:00,003 I 10 10] main.cc:2: still here\n")
     assert last_words(str(tmp_path), "raylet") == [
         "[2026-12-07 00:00:00,002 E 10 10] grpc_server.cc:80: Failed to bind port 24123"]
-    (logs / "raylet.err").write_text("\n*** SIGABRT received\nCheck failed: bound\n")
-    assert last_words(str(tmp_path), "raylet") == ["*** SIGABRT received", "Check failed: bound"]
+    (logs / "raylet.err").write_text(
+        "\n*** SIGABRT received\nCheck failed: bound\n"
+        "/venv/ray/core/src/ray/raylet/raylet(+0x263cb7) [0x5581e86a0cb7]\n"
+        "/lib/x86_64-linux-gnu/libc.so.6(__libc_start_main+0x85) [0x7f8ac3445305] __libc_start_main\n")
+    assert last_words(str(tmp_path), "raylet") == [
+        "[2026-12-07 00:00:00,002 E 10 10] grpc_server.cc:80: Failed to bind port 24123",
+        "*** SIGABRT received", "Check failed: bound"]
     assert last_words(str(tmp_path), "gcs_server") == []

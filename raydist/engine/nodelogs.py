@@ -59,22 +59,27 @@ def _files(temp_dir: str) -> list[Path]:
 _SEVERE = re.compile(r"^\[[^\]]* [EF] \d+ \d+\]")
 
 
+#: A frame of a C++ backtrace (``/path/raylet(+0x263cb7) [0x5581e86a0cb7]``): where, not why.
+_FRAME = re.compile(r"\(\+0x[0-9a-f]+\)|\[0x[0-9a-f]+\]")
+
+
 def last_words(temp_dir: str, process: str, lines: int = 3) -> list[str]:
     """What Ray's ``process`` (``raylet``, ``gcs_server``) said last before it
-    died, for the error a user reads: the last ``lines`` of its stderr, or
-    of the ERROR and FATAL lines of its log when stderr is empty."""
+    died, for the error a user reads: the last ``lines`` ERROR and FATAL
+    lines of its log (a failed check says why there), then the last
+    ``lines`` of its stderr, a backtrace's frames left out (they say where
+    it crashed, never why, and would crowd out what does)."""
     logs = Path(temp_dir) / "session_latest" / "logs"
-    for suffix, keep in ((".err", lambda line: bool(line.strip())), (".out", _SEVERE.match)):
+    said: list[str] = []
+    for suffix, keep in ((".out", _SEVERE.match), (".err", lambda line: bool(line.strip()))):
         try:
             with (logs / f"{process}{suffix}").open("rb") as f:
                 f.seek(max(0, f.seek(0, os.SEEK_END) - (64 << 10)))
                 text = f.read().decode("utf-8", "replace")
         except OSError:
             continue
-        said = [line.strip()[:300] for line in text.splitlines() if keep(line)]
-        if said:
-            return said[-lines:]
-    return []
+        said += [line.strip()[:300] for line in text.splitlines() if keep(line) and not _FRAME.search(line)][-lines:]
+    return said
 
 
 def read_logs(temp_dir: str, *, max_bytes: int = NODE_BYTES, name: str = "", offset: int = 0) -> list[LogFile]:
