@@ -107,7 +107,10 @@ def check_keras_estimator_program(out: dict) -> None:
     history = out["history"]
     assert set(history) == {"loss", "accuracy", "val_loss", "val_accuracy"}
     assert all(len(v) == 4 for v in history.values())
-    assert history["loss"] == sorted(history["loss"], reverse=True) and history["val_loss"][-1] < history["val_loss"][0]
+    # Over the fit, not every epoch: a data-parallel run's per-epoch loss may tick up by a hair
+    # (a suite run saw 0.1210 then 0.1230 in epoch 3 of 4), so "each epoch lower" failed by chance.
+    assert history["loss"][-1] < history["loss"][0]
+    assert history["val_loss"][-1] < history["val_loss"][0]
     # The run's checkpoint and logs are in the Store; a second fit under that
     # run_id starts from it (a fresh model's first epoch would start near 1.1).
     assert out["checkpoint"] == ["checkpoint.pkl"] and out["logs"] == ["history.jsonl"]
