@@ -25,5 +25,9 @@ pip install "torch==2.13.0"
 pip install -e ".[torch,tensorflow,ml,mlflow,lightning,dev]"
 # DeepSpeed builds from source; DS_BUILD_OPS=0 keeps every op JIT-compiled (CPU here).
 DS_BUILD_OPS=0 pip install --no-build-isolation "deepspeed>=0.16"
+# matplotlib (Lightning imports it) lists the system's fonts once, running
+# fc-list, the first time it is imported: do it here, at install, not inside
+# the first program or unit test that imports Lightning.
+.venv/bin/python -c "import matplotlib.font_manager" >/dev/null 2>&1 || true
 touch "$stamp"
 echo "raydist: .venv ready" >&2
