@@ -9,7 +9,10 @@ import changed:
    fresh client session (raydist's includes starting its session cluster);
 2. a learning-rate sweep in a fresh client session: one distributor, ``run()``
    four times, in total;
-3. the time to a ready cluster with two Ray nodes that run work, from a
+3. the user's own Spark work right after a run, in a fresh client session:
+   a run, a Spark job needing every task slot (timed), and the next run
+   (timed), what a notebook that alternates data work and training pays;
+4. the time to a ready cluster with two Ray nodes that run work, from a
    Connect client against the same from a classic session on the same kind of
    master. On Connect the head runs in a Spark task and carries one worker's
    share (``up(workers=1, head_cpus=1)``: two slots, as the session cluster
@@ -27,6 +30,8 @@ Last line (one line)::
 
   connect_first_run_ratio=<raydist/pyspark> connect_sweep_ratio=<raydist/pyspark>
   connect_startup_vs_classic=<raydist on Connect / raydist classic> same_result=<true|false>
+  connect_after_spark_run_ratio=<the run right after the Spark job, raydist/pyspark>
+  connect_spark_after_s=<that Spark job's seconds, raydist minus pyspark>
 
 Run: make bench-connect
 """
@@ -48,6 +53,8 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 HERE = Path(__file__).resolve().parent
 MASTER = "local-cluster[2,1,2048]"
 SWEEP_LRS = (0.01, 0.02, 0.05, 0.1)
+#: The task slots of MASTER's executors: a Spark job of this many tasks needs every one.
+SLOTS = 2
 
 
 # ------------------------------------------------------------------ child side
@@ -105,6 +112,14 @@ def child(mode: str, impl: str, url: str) -> dict:
             cluster.down()
             return {"ready_s": ready, "nodes": nodes}
         d = _distributor(impl)
+        if mode == "after":
+            losses = [d.run(train, SWEEP_LRS[-1])]
+            t = time.monotonic()
+            spark.range(SLOTS, numPartitions=SLOTS).mapInArrow(lambda it: it, "id long").count()
+            spark_s = time.monotonic() - t
+            t = time.monotonic()
+            losses.append(d.run(train, SWEEP_LRS[-1]))
+            return {"spark_s": spark_s, "after_s": time.monotonic() - t, "losses": losses}
         lrs = SWEEP_LRS if mode == "sweep" else SWEEP_LRS[-1:]
         times, losses = [], []
         for lr in lrs:
@@ -196,6 +211,8 @@ def main() -> int:
     sweep: dict[str, list[float]] = {"pyspark": [], "raydist": []}
     losses: dict[str, list[list[float]]] = {"pyspark": [], "raydist": []}
     startup: dict[str, list[float]] = {"connect": [], "classic": []}
+    spark_after: dict[str, list[float]] = {"pyspark": [], "raydist": []}
+    after_run: dict[str, list[float]] = {"pyspark": [], "raydist": []}
     bare: list[float] = []
     with ConnectServer(master=MASTER) as server:
         url = server.url
@@ -212,6 +229,13 @@ def main() -> int:
                 losses[impl].append(out["losses"])
                 print(f"sweep      {impl:8s} {sum(out['times']):6.1f} s  "
                       f"({' / '.join(f'{t:.1f}' for t in out['times'])})  losses {out['losses']}", flush=True)
+            for impl in order:
+                out = _run_child("after", impl, url)
+                spark_after[impl].append(out["spark_s"])
+                after_run[impl].append(out["after_s"])
+                losses[impl].append(out["losses"])
+                print(f"after      {impl:8s} Spark job {out['spark_s']:5.1f} s, the run after it "
+                      f"{out['after_s']:6.1f} s  losses {out['losses']}", flush=True)
             out = _run_child("startup-connect", "raydist", url)
             startup["connect"].append(out["ready_s"])
             print(f"startup    connect  {out['ready_s']:6.1f} s  ({out['nodes']} nodes up)", flush=True)
@@ -227,6 +251,8 @@ def main() -> int:
     first_ratio = med(first["raydist"]) / med(first["pyspark"])
     sweep_ratio = med(sweep["raydist"]) / med(sweep["pyspark"])
     startup_ratio = med(startup["connect"]) / med(startup["classic"])
+    after_ratio = med(after_run["raydist"]) / med(after_run["pyspark"])
+    spark_after_s = med(spark_after["raydist"]) - med(spark_after["pyspark"])
     same = all(abs(a - b) <= 1e-4 for ra, rp in zip(losses["raydist"], losses["pyspark"], strict=True)
                for a, b in zip(ra, rp, strict=True))
     print(f"first run median: raydist {med(first['raydist']):.1f} s, pyspark {med(first['pyspark']):.1f} s; "
@@ -234,7 +260,8 @@ def main() -> int:
           f"ready cluster median: Connect {med(startup['connect']):.1f} s, classic {med(startup['classic']):.1f} s; "
           f"bare Ray first run (the floor) {med(bare):.1f} s = {med(bare) / med(first['pyspark']):.3f} x pyspark's")
     print(f"connect_first_run_ratio={first_ratio:.3f} connect_sweep_ratio={sweep_ratio:.3f} "
-          f"connect_startup_vs_classic={startup_ratio:.3f} same_result={'true' if same else 'false'}")
+          f"connect_startup_vs_classic={startup_ratio:.3f} same_result={'true' if same else 'false'} "
+          f"connect_after_spark_run_ratio={after_ratio:.3f} connect_spark_after_s={spark_after_s:.2f}")
     return 0
 
 

@@ -18,7 +18,8 @@ alternate, case by case.
 3. Compute-bound samples/s after the sweep, in the same sessions
    (``--compute-s`` split over ``--compute-rounds`` runs; the median counts).
 4. The user's own Spark work right after a run: a Spark job needing every
-   task slot, timed, then ``--alive-wait-s`` (past Ray's 60 s GCS timeout,
+   task slot, timed, then the next run, timed (what a notebook that
+   alternates data work and training pays), then ``--alive-wait-s`` (past Ray's 60 s GCS timeout,
    which ends a process still connected to a cluster that went) and another
    run. ``alive`` is whether the program got to the end.
 5. MLflow's cost (raydist only; the anchor is the same runs without MLflow in
@@ -33,6 +34,7 @@ Last line:
   throughput_ratio=<samples/s raydist/pyspark> same_result=<true|false>
   spark_after_s=<that Spark job's seconds, raydist minus pyspark> alive=<true|false: both programs ended well>
   mlflow_overhead_s=<median run with MLflow on minus off>
+  after_spark_run_ratio=<the run right after that Spark job, raydist/pyspark>
 
 (one line). Run: make bench-training (``--only-mlflow``: step 5 alone)
 """
@@ -137,6 +139,9 @@ def child(side: str, case: str, compute_s: float, compute_rounds: int, alive_wai
             t = time.perf_counter()
             spark.sparkContext.parallelize(range(slots), slots).map(lambda i: i * i).sum()
             out["spark_after_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            out["result"].append(distributor.run(jobs.tiny_job, 0.05))
+            out["after_run_s"] = time.perf_counter() - t
             time.sleep(alive_wait_s)
             out["result"].append(distributor.run(jobs.tiny_job, 0.05))
             out["alive"] = True
@@ -239,19 +244,22 @@ def main() -> int:
     for side in ("pyspark", "raydist"):
         a = after[side]
         if "spark_after_s" in a:
-            print(f"  {side:8s} Spark job {a['spark_after_s']:.2f} s, alive={str(bool(a.get('alive'))).lower()} "
-                  f"-> {a['result']}", flush=True)
+            print(f"  {side:8s} Spark job {a['spark_after_s']:.2f} s, the run after it {a['after_run_s']:.1f} s, "
+                  f"alive={str(bool(a.get('alive'))).lower()} -> {a['result']}", flush=True)
     if alive:
         same = same and after["pyspark"]["result"] == after["raydist"]["result"]
     spark_after = (after["raydist"]["spark_after_s"] - after["pyspark"]["spark_after_s"]
                    if all("spark_after_s" in a for a in after.values()) else float("nan"))
+    after_run = (after["raydist"]["after_run_s"] / after["pyspark"]["after_run_s"]
+                 if all("after_run_s" in a for a in after.values()) else float("nan"))
 
     overhead = mlflow_overhead(args)
     first = statistics.median(ratios)
     sweep_ratio = sweep["raydist"]["seconds"] / sweep["pyspark"]["seconds"]
     print(f"first_run_ratio={first:.3f} sweep_ratio={sweep_ratio:.3f} "
           f"throughput_ratio={sps['raydist'] / sps['pyspark']:.3f} same_result={str(same).lower()} "
-          f"spark_after_s={spark_after:.2f} alive={str(alive).lower()} mlflow_overhead_s={overhead:.3f}")
+          f"spark_after_s={spark_after:.2f} alive={str(alive).lower()} mlflow_overhead_s={overhead:.3f} "
+          f"after_spark_run_ratio={after_run:.3f}")
     return 0
 
 
