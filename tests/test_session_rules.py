@@ -10,12 +10,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raydist.train.session_rules import (
+    WARM_UP_AFTER_S,
     YIELD_AFTER_S,
     IdleStep,
     Observed,
+    RunPlace,
     RunStep,
     Shape,
     for_run,
+    warm_up_now,
+    where_to_run,
     while_idle,
 )
 
@@ -33,6 +37,8 @@ observed = st.builds(
     spark_waiting_s=st.floats(0, 10),
     replacement_waiting=st.booleans(),
     head_holds_slot=st.booleans(),
+    warm=st.booleans(),
+    warming=st.booleans(),
 )
 
 
@@ -146,3 +152,76 @@ def test_runs_that_fit_queue_behind_a_run_waiting_to_replace_the_cluster() -> No
     assert for_run(waiting, Shape(2, 1))[0] is RunStep.QUEUE  # would fit: not ahead of the replacement
     assert for_run(waiting, Shape(4, 1))[0] is RunStep.QUEUE  # would grow it: likewise
     assert for_run(waiting, Shape(2, 2))[0] is RunStep.WAIT  # another replacer: waits for the runs too
+
+
+# ------------------------------------------------------- where a run goes
+
+
+def test_a_first_run_goes_to_sparks_tasks_and_waits_for_no_ray() -> None:
+    assert where_to_run(None, needs_ray=False, fits_spark=True) is RunPlace.SPARK_TASKS
+
+
+def test_a_run_only_ray_serves_goes_to_ray_whatever_the_cluster() -> None:
+    for current in (None, seen(Shape(2, 1)), dataclasses.replace(seen(Shape(2, 1)), warm=True)):
+        assert where_to_run(current, needs_ray=True, fits_spark=True) is RunPlace.RAY
+    # Ranks that Spark's slots cannot hold at once (a barrier stage needs them all) go to Ray too.
+    assert where_to_run(None, needs_ray=False, fits_spark=False) is RunPlace.RAY
+
+
+def test_a_warm_cluster_or_one_in_use_takes_the_run() -> None:
+    warm = dataclasses.replace(seen(Shape(2, 1)), warm=True)
+    assert where_to_run(warm, needs_ray=False, fits_spark=True) is RunPlace.RAY
+    in_use = seen(Shape(2, 1), runs=1)
+    assert where_to_run(in_use, needs_ray=False, fits_spark=True) is RunPlace.RAY
+
+
+def test_a_cold_warming_shrunk_or_failed_cluster_leaves_the_run_to_sparks_tasks() -> None:
+    warming = dataclasses.replace(seen(Shape(2, 1)), warming=True)  # it gives its slots back to the run
+    failed = dataclasses.replace(seen(Shape(2, 1), usable=False), warm=True)
+    for current in (seen(Shape(2, 1)), seen(Shape(0, 1)), warming, failed):
+        assert where_to_run(current, needs_ray=False, fits_spark=True) is RunPlace.SPARK_TASKS
+
+
+@given(observed, st.booleans(), st.booleans())
+def test_a_run_never_goes_to_sparks_tasks_when_it_needs_ray_or_finds_ray_warm(
+        current: Observed, needs_ray: bool, fits_spark: bool) -> None:
+    place = where_to_run(current, needs_ray=needs_ray, fits_spark=fits_spark)
+    if needs_ray or not fits_spark or (current.usable and (current.warm or current.runs)):
+        assert place is RunPlace.RAY
+    else:
+        assert place is RunPlace.SPARK_TASKS
+
+
+def test_the_cluster_warms_up_once_runs_pause() -> None:
+    assert warm_up_now(None, spark_runs=0, paused_s=WARM_UP_AFTER_S, keep_warm_s=120)
+    assert not warm_up_now(None, spark_runs=0, paused_s=WARM_UP_AFTER_S - 0.1, keep_warm_s=120)  # back to back
+    assert not warm_up_now(None, spark_runs=1, paused_s=60, keep_warm_s=120)  # a run holds the slots
+    assert not warm_up_now(None, spark_runs=0, paused_s=60, keep_warm_s=0)  # nothing kept warm
+    shrunk = seen(Shape(0, 1))
+    assert warm_up_now(shrunk, spark_runs=0, paused_s=60, keep_warm_s=120)  # its worker nodes come back
+    warm = dataclasses.replace(seen(Shape(2, 1)), warm=True)
+    assert not warm_up_now(warm, spark_runs=0, paused_s=60, keep_warm_s=120)
+    assert not warm_up_now(seen(Shape(2, 1), runs=1), spark_runs=0, paused_s=60, keep_warm_s=120)
+    warming = dataclasses.replace(seen(Shape(2, 1)), warming=True)
+    assert not warm_up_now(warming, spark_runs=0, paused_s=60, keep_warm_s=120)
+
+
+def test_a_warming_cluster_still_gives_its_slots_to_waiting_spark_work() -> None:
+    warming = Observed(Shape(2, 1), usable=True, runs=0, idle_s=0.0, spark_waiting_s=1.0, head_holds_slot=False,
+                       warming=True)
+    assert while_idle(warming, 120)[0] is IdleStep.SHRINK
+
+
+def test_a_warm_up_cut_short_waits_for_a_longer_pause_next_time() -> None:
+    assert not warm_up_now(None, spark_runs=0, paused_s=6, keep_warm_s=120, pause_s=10)
+    assert warm_up_now(None, spark_runs=0, paused_s=10, keep_warm_s=120, pause_s=10)
+    assert not warm_up_now(None, spark_runs=0, paused_s=30, keep_warm_s=20, pause_s=20)  # kept warm no longer
+
+
+@given(st.one_of(st.none(), observed), st.integers(0, 2), st.floats(0, 100), st.floats(0, 1000),
+       st.floats(WARM_UP_AFTER_S, 80))
+def test_a_warm_up_never_takes_slots_from_a_run_in_sparks_tasks(
+        current: Observed | None, spark_runs: int, paused_s: float, keep_warm_s: float, pause_s: float) -> None:
+    if warm_up_now(current, spark_runs=spark_runs, paused_s=paused_s, keep_warm_s=keep_warm_s, pause_s=pause_s):
+        assert spark_runs == 0 and paused_s >= pause_s and keep_warm_s > pause_s
+        assert current is None or not current.usable or not (current.warm or current.runs or current.warming)

@@ -164,9 +164,31 @@ class TorchDistributor:
                 if self.keep_warm_s == 0:
                     local.close()
         resources = self._rank_resources()
+        spark = session.spark_for_run(ranks=self.num_processes, needs_ray=self._needs_ray(inputs))
+        if spark is not None:
+            return self._fit_in_spark_tasks(session, spark, job, resources)
         if self._warm_capable and self.keep_warm_s > 0:
             return self._fit_warm(session, job, resources, inputs)
         return self._fit_fresh(job, resources, inputs)
+
+    def _needs_ray(self, inputs: RankInputs | None) -> bool:
+        """Whether only Ray serves this run: a cluster named, lost workers to
+        survive, each rank's data through Ray's object store, or GPUs (on Ray
+        until their layout in Spark's tasks is proven on Spark's GPU scheduling)."""
+        return self.cluster is not None or self.max_failures != 0 or inputs is not None or self.use_gpu
+
+    def _fit_in_spark_tasks(self, session: Any, spark: Any, job: Callable[[], Any],
+                            resources: dict[str, float]) -> Any:
+        """The run in one barrier stage of ``spark``'s tasks, as pyspark's
+        own runs it; the session cluster warms up for the next run when runs
+        pause (:mod:`raydist.train.session_spark_runs`)."""
+        from raydist.train.runtime import run_in_spark_tasks, run_shape
+
+        want = run_shape(self.num_processes, resources, False)
+        with session.spark_tasks_run(want, resources, warm_workers=self._warm_capable,
+                                     keep_warm_s=self.keep_warm_s, spark=spark):
+            return run_in_spark_tasks(job, spark=spark, ranks=self.num_processes,
+                                      description=f"raydist: {type(self).__name__}'s ranks")
 
     def _rank_resources(self) -> dict[str, float]:
         """What each process of a run on Ray takes of its node: one CPU, or

@@ -20,7 +20,14 @@ import types
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["run_settings", "scoped_env"]
+__all__ = ["RUN_ENV", "run_settings", "scoped_env"]
+
+#: Ray Train settings for the runs raydist starts, unless the user set them.
+#: ``report()`` waits on the controller's health-check poll, 2 s by default:
+#: raydist polls at 0.2 s. The preemption watcher (one more actor process per
+#: run) reads the drain notices a cloud provider gives Ray's nodes; raydist's
+#: nodes are Spark tasks, which get none.
+RUN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 
 _NONE: Mapping[str, str] = types.MappingProxyType({})
 _settings: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar("raydist_run_settings", default=_NONE)

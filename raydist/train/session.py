@@ -52,9 +52,11 @@ from raydist.errors import (
     TrainingConfigError,
 )
 from raydist.spec import State
+from raydist.train._env import RUN_ENV
 from raydist.train._mlflow import note_cluster
 from raydist.train._resources import check_resources, run_shape
 from raydist.train.session_rules import IdleStep, Observed, RunStep, Shape, for_run, while_idle
+from raydist.train.session_spark_runs import SparkTaskRuns
 from raydist.train.warm_run import WarmRuns
 
 if TYPE_CHECKING:
@@ -72,12 +74,6 @@ DEFAULT_KEEP_WARM_S = 120.0
 #: waiting work it would yield to (Spark Connect shows a client only its own):
 #: another client's Spark job right after a run waits at most this long.
 BLIND_KEEP_WARM_S = 15.0
-#: Ray Train settings for the runs raydist starts, unless the user set them
-#: (see :mod:`raydist.train._env`). ``report()`` waits on the controller's
-#: health-check poll, 2 s by default: raydist polls at 0.2 s. The preemption
-#: watcher (one more actor process per run) reads the drain notices a cloud
-#: provider gives Ray's nodes; raydist's nodes are Spark tasks, which get none.
-RUN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 #: How often the reaper looks at an idle session cluster and Spark's waiting tasks.
 _REAP_EVERY_S = 0.2
 
@@ -92,6 +88,9 @@ class _Held:
     #: of its own, on Connect): ``shape.workers`` counts it.
     head_share: int = 0
     runs: int = 0
+    #: Warm-ups under way (:mod:`raydist.train.session_spark_runs`): a run
+    #: waits for one, Spark work that wants the slots does not.
+    warming: int = 0
     idle_since: float = field(default_factory=time.monotonic)
     spark_waiting_since: float | None = None
     #: What a run on it raises when it ends under the run (it did not come
@@ -100,7 +99,7 @@ class _Held:
     gone: threading.Event = field(default_factory=threading.Event)
 
 
-class TrainingSession:
+class TrainingSession(SparkTaskRuns):
     """This process's session cluster, warm run and local forker (see the
     module docstring). Get it with :func:`training_session`."""
 
@@ -115,6 +114,7 @@ class TrainingSession:
         #: The warm Ray Train run on the connected cluster.
         self.warm_runs = WarmRuns()
         process_ray().before_disconnect(self.warm_runs.let_go)
+        self._init_spark_runs()
 
     # ----------------------------------------------------------- clusters
 
@@ -236,15 +236,19 @@ class TrainingSession:
         used = process_ray().last_use()  # a DataFrame handoff on it is use too
         if used is not None and used > idle_since and self._on_session_cluster():
             idle_since = used
-        return Observed(held.shape, usable, held.runs, 0.0 if held.runs else max(0.0, now - idle_since), waiting,
-                        replacement_waiting=self._replacers > 0, head_holds_slot=cluster.head_holds_slot)
+        busy = held.runs or held.warming
+        return Observed(held.shape, usable, held.runs, 0.0 if busy else max(0.0, now - idle_since), waiting,
+                        replacement_waiting=self._replacers > 0, head_holds_slot=cluster.head_holds_slot,
+                        warm=bool(held.shape.workers) and self.warm_runs.ready_on(cluster.address),
+                        warming=held.warming > 0)
 
-    def _lease(self, want: Shape, keep_warm_s: float | None) -> _Held:
-        """The session cluster, fit for ``want`` and leased to the caller's run."""
+    def _lease(self, want: Shape, keep_warm_s: float | None, spark: Any = None) -> _Held:
+        """The session cluster, fit for ``want`` and leased to the caller's run
+        (one started on ``spark``, None: the active SparkSession)."""
         replacing = False
         try:
             while True:
-                held, step = self._try_lease(want, keep_warm_s, replacing)
+                held, step = self._try_lease(want, keep_warm_s, replacing, spark)
                 if held is not None:
                     return held
                 with self._changed:
@@ -262,7 +266,8 @@ class TrainingSession:
                     self._replacers -= 1
                     self._changed.notify_all()
 
-    def _try_lease(self, want: Shape, keep_warm_s: float | None, replacing: bool) -> tuple[_Held | None, RunStep]:
+    def _try_lease(self, want: Shape, keep_warm_s: float | None, replacing: bool,
+                   spark: Any = None) -> tuple[_Held | None, RunStep]:
         """One decision of ``_lease``: the cluster leased to the run, or None
         and the step to wait by (WAIT or QUEUE)."""
         with self._lifecycle:
@@ -283,13 +288,13 @@ class TrainingSession:
                     why = "a run needs bigger nodes" if step is RunStep.REPLACE else "it can no longer run"
                     self._retire_locked(held, why)
                 try:
-                    held = self._start(shape)
+                    held = self._start(shape, spark)
                 except CapacityError:
                     if shape == want:
                         raise
                     # Room for the old runs' workers as well does not fit Spark: the run's own size.
                     log.info("a session cluster of %s does not fit Spark; starting one of %s", shape, want)
-                    held = self._start(want)
+                    held = self._start(want, spark)
                 with self._changed:
                     self._held = held
                     self._changed.notify_all()
@@ -310,8 +315,9 @@ class TrainingSession:
                 held.idle_since = time.monotonic()
             self._changed.notify_all()
 
-    def _start(self, shape: Shape) -> _Held:
-        """Start a session cluster of ``shape`` (``_lifecycle`` held); returns
+    def _start(self, shape: Shape, spark: Any = None) -> _Held:
+        """Start a session cluster of ``shape`` on ``spark`` (None: the active
+        SparkSession, else the embedded one) (``_lifecycle`` held); returns
         once its head is up, so the run's Ray Train start overlaps the
         workers' (seconds of a first run on a small host)."""
         from raydist.engine.cluster import RayCluster
@@ -319,7 +325,7 @@ class TrainingSession:
         from raydist.engine.spark import session as spark_side
         from raydist.spec import ClusterSpec
 
-        spark = spark_side.active_session() or registry.embedded_spark(None, {})
+        spark = spark or spark_side.active_session() or registry.embedded_spark(None, {})
         # A head in a Spark task of its own (Connect) holds a task slot: it
         # carries one worker's share, so the cluster takes the slots Spark's
         # own distributor would take, no more.
@@ -482,6 +488,7 @@ class TrainingSession:
 
     def close(self) -> None:
         """End everything this session keeps (at exit, or by hand)."""
+        self._stop_warming()
         with self._lock:
             local, self._local = self._local, None
         if local is not None:

@@ -20,6 +20,19 @@ Two rules carry the session's promises:
   connection, and only the worker nodes go (*shrink*), so the next run starts
   worker nodes, not a cluster. A head in a Spark task of its own (Connect)
   holds a slot itself: that cluster goes whole.
+
+And one rule says where a distributor's run goes (:func:`where_to_run`): a
+run that only a Ray cluster can serve, or that finds the session cluster warm
+(its workers up, a warm run on them) or in use, runs on Ray; any other runs
+in one barrier stage of Spark's own tasks, as pyspark's distributors run it,
+and waits for no Ray cluster, not even one warming up (that one gives its
+slots back to the run). The session cluster then starts for the next run
+once runs have paused (:func:`warm_up_now`): a sweep of runs back to back
+stays in Spark's tasks, whose slots a starting cluster would take, and a run
+after a pause finds its workers warm. A warm-up that a run cut short makes
+the next one wait twice as long a pause (:data:`WARM_UP_AFTER_S` doubling
+to :data:`WARM_UP_AFTER_MOST_S`), so runs that keep coming every few
+seconds do not start and stop clusters between them.
 """
 
 from __future__ import annotations
@@ -28,12 +41,18 @@ import enum
 import math
 from dataclasses import dataclass
 
-__all__ = ["Shape", "Observed", "RunStep", "IdleStep", "for_run", "while_idle", "gpu_run_shape", "YIELD_AFTER_S"]
+__all__ = ["Shape", "Observed", "RunStep", "IdleStep", "RunPlace", "for_run", "while_idle", "where_to_run",
+           "warm_up_now", "gpu_run_shape", "YIELD_AFTER_S", "WARM_UP_AFTER_S", "WARM_UP_AFTER_MOST_S"]
 
 #: How long other Spark jobs' tasks must have waited for the slots of an idle
 #: session cluster before it gives them back (a job's tasks may show as
 #: waiting for an instant before they launch).
 YIELD_AFTER_S = 0.3
+#: How long runs in Spark's tasks must have paused before the session
+#: cluster starts for the next run (runs back to back keep the slots).
+WARM_UP_AFTER_S = 5.0
+#: The longest pause a warm-up waits for, after runs cut warm-ups short.
+WARM_UP_AFTER_MOST_S = 80.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +117,8 @@ class Observed:
     spark_waiting_s: float  # how long other Spark tasks have waited for slots (0: none wait)
     replacement_waiting: bool = False  # a run waits for the runs on it to end, to replace it
     head_holds_slot: bool = True  # the head rides a Spark task (Connect), not the driver
+    warm: bool = False  # its worker nodes are up with a warm run on them: a run starts at once
+    warming: bool = False  # starting for the next run (not a run: Spark work may still take its slots)
 
 
 class RunStep(enum.Enum):
@@ -153,3 +174,33 @@ def while_idle(current: Observed, keep_warm_s: float, yield_after_s: float = YIE
         if current.shape.workers:
             return IdleStep.SHRINK, "other Spark jobs wait for its worker nodes' slots (its head holds none)"
     return IdleStep.KEEP, ""
+
+
+class RunPlace(enum.Enum):
+    """Where a distributor's run goes."""
+
+    SPARK_TASKS = "spark-tasks"  # one barrier stage of Spark's own tasks, no Ray (pyspark's way)
+    RAY = "ray"  # Ray Train workers on the session cluster (or the cluster the user named)
+
+
+def where_to_run(current: Observed | None, *, needs_ray: bool, fits_spark: bool) -> RunPlace:
+    """Where a run goes. ``needs_ray``: only Ray can serve it (the user named
+    a cluster or is connected to one, asked to survive lost workers, or hands
+    its ranks data through Ray's object store); ``fits_spark``: its ranks fit
+    the SparkSession's task slots at once, as a barrier stage needs."""
+    if needs_ray or not fits_spark:
+        return RunPlace.RAY
+    if current is not None and current.usable and (current.runs or current.warm):
+        return RunPlace.RAY  # warm, or in use by runs this one joins
+    return RunPlace.SPARK_TASKS
+
+
+def warm_up_now(current: Observed | None, *, spark_runs: int, paused_s: float, keep_warm_s: float,
+                pause_s: float = WARM_UP_AFTER_S) -> bool:
+    """Whether the session cluster should start (or grow its worker nodes
+    back) now, for the next run: no run is in Spark's tasks, they have paused
+    ``pause_s``, the user keeps things warm longer than that, and the cluster
+    is not warm, in use or warming up already."""
+    if spark_runs or paused_s < pause_s or keep_warm_s <= pause_s:
+        return False
+    return current is None or not current.usable or not (current.warm or current.runs or current.warming)

@@ -378,6 +378,11 @@ def _controller_on_board(board: Any) -> Any:
     return ControllerOnBoard()
 
 
+def _key(workers: int, resources_per_worker: Mapping[str, float], use_gpu: bool, max_failures: int) -> tuple[Any, ...]:
+    """What makes a warm run fit a job: its cluster and its workers."""
+    return connected_address(), workers, tuple(sorted(resources_per_worker.items())), use_gpu, max_failures
+
+
 @dataclass(eq=False)
 class _Kept:
     """The warm run, what it was started for, and whether a job is on it now."""
@@ -410,9 +415,8 @@ class WarmRuns:
         cluster is raydist's own); rank 0's return value. ``inputs``: each
         rank's own. One that differs only in ``keep_warm_s`` takes the new
         value."""
-        key = (connected_address(), workers, tuple(sorted(resources_per_worker.items())), use_gpu, max_failures)
-        kept = self._take(key, workers, resources_per_worker, use_gpu, max_failures, keep_warm_s,
-                          raydist_cluster)
+        kept = self._take(_key(workers, resources_per_worker, use_gpu, max_failures), workers, resources_per_worker,
+                          use_gpu, max_failures, keep_warm_s, raydist_cluster)
         try:
             kept.run.keep_warm(keep_warm_s)
             return kept.run.run(job, inputs)
@@ -420,6 +424,24 @@ class WarmRuns:
             with self._changed:
                 kept.in_use = False
                 self._changed.notify_all()
+
+    def prepare(self, *, workers: int, resources_per_worker: Mapping[str, float], keep_warm_s: float) -> None:
+        """Start the warm run a CPU job of ``workers`` workers would take on
+        the connected cluster (raydist's own), with no job on it: the session
+        cluster's warm-up for the next run."""
+        kept = self._take(_key(workers, resources_per_worker, False, 0), workers, resources_per_worker, False, 0,
+                          keep_warm_s, True)
+        with self._changed:
+            kept.in_use = False
+            self._changed.notify_all()
+
+    def ready_on(self, address: str) -> bool:
+        """Whether a warm run is up on the cluster at ``address``, its
+        workers waiting for a job."""
+        with self._changed:
+            kept = self._kept
+            return (kept is not None and bool(kept.key[0]) and same_address(kept.key[0], address)
+                    and kept.run.alive and not kept.in_use)
 
     def _take(self, key: tuple[Any, ...], workers: int, resources_per_worker: Mapping[str, float],
               use_gpu: bool, max_failures: int, keep_warm_s: float, raydist_cluster: bool) -> _Kept:
