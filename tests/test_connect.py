@@ -15,6 +15,7 @@ import pytest
 from raydist.testing.connect import ConnectServer
 from raydist.testing.netns import HostNetwork, netns_unavailable_reason
 from tests.probe import CONNECT_URL, recorded_original, run_client_py, run_program
+from tests.test_first_runs import check_first_runs
 
 pytestmark = pytest.mark.integration
 
@@ -293,6 +294,14 @@ def test_every_distributor_runs_on_connect_as_on_the_original(connect_server, no
     assert ours["session_cluster_after_wait"] is None and ours["connected_after_wait"] is False
     assert ours["run_after_wait"] == ours["runs"][0]
     assert ours["session_cluster_after_stop"] is None and ours["ray_processes_after_stop"] == []
+
+
+@pytest.mark.timeout(600)
+def test_first_runs_go_to_sparks_tasks_from_a_connect_client(connect_server, no_leftover_ray, tmp_path) -> None:
+    """tests/programs/first_runs.py as a Connect client (about 60 s): the
+    runs in Spark's tasks go through mapInArrow's barrier mode, and the
+    session cluster that warms up in a pause has its head in a task."""
+    check_first_runs(run_program("first_runs.py", "--connect", connect_server.url, home=tmp_path, timeout=500))
 
 
 @pytest.mark.timeout(900)

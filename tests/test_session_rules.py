@@ -197,6 +197,7 @@ def test_the_cluster_warms_up_once_runs_pause() -> None:
     assert not warm_up_now(None, spark_runs=0, paused_s=WARM_UP_AFTER_S - 0.1, keep_warm_s=120)  # back to back
     assert not warm_up_now(None, spark_runs=1, paused_s=60, keep_warm_s=120)  # a run holds the slots
     assert not warm_up_now(None, spark_runs=0, paused_s=60, keep_warm_s=0)  # nothing kept warm
+    assert not warm_up_now(None, spark_runs=0, paused_s=60, keep_warm_s=120, spark_busy=True)  # the user's work
     shrunk = seen(Shape(0, 1))
     assert warm_up_now(shrunk, spark_runs=0, paused_s=60, keep_warm_s=120)  # its worker nodes come back
     warm = dataclasses.replace(seen(Shape(2, 1)), warm=True)
@@ -219,9 +220,11 @@ def test_a_warm_up_cut_short_waits_for_a_longer_pause_next_time() -> None:
 
 
 @given(st.one_of(st.none(), observed), st.integers(0, 2), st.floats(0, 100), st.floats(0, 1000),
-       st.floats(WARM_UP_AFTER_S, 80))
-def test_a_warm_up_never_takes_slots_from_a_run_in_sparks_tasks(
-        current: Observed | None, spark_runs: int, paused_s: float, keep_warm_s: float, pause_s: float) -> None:
-    if warm_up_now(current, spark_runs=spark_runs, paused_s=paused_s, keep_warm_s=keep_warm_s, pause_s=pause_s):
-        assert spark_runs == 0 and paused_s >= pause_s and keep_warm_s > pause_s
+       st.floats(WARM_UP_AFTER_S, 80), st.booleans())
+def test_a_warm_up_never_takes_slots_from_a_run_in_sparks_tasks_or_other_spark_work(
+        current: Observed | None, spark_runs: int, paused_s: float, keep_warm_s: float, pause_s: float,
+        spark_busy: bool) -> None:
+    if warm_up_now(current, spark_runs=spark_runs, paused_s=paused_s, keep_warm_s=keep_warm_s, pause_s=pause_s,
+                   spark_busy=spark_busy):
+        assert spark_runs == 0 and not spark_busy and paused_s >= pause_s and keep_warm_s > pause_s
         assert current is None or not current.usable or not (current.warm or current.runs or current.warming)

@@ -196,11 +196,13 @@ def where_to_run(current: Observed | None, *, needs_ray: bool, fits_spark: bool)
 
 
 def warm_up_now(current: Observed | None, *, spark_runs: int, paused_s: float, keep_warm_s: float,
-                pause_s: float = WARM_UP_AFTER_S) -> bool:
+                pause_s: float = WARM_UP_AFTER_S, spark_busy: bool = False) -> bool:
     """Whether the session cluster should start (or grow its worker nodes
     back) now, for the next run: no run is in Spark's tasks, they have paused
-    ``pause_s``, the user keeps things warm longer than that, and the cluster
-    is not warm, in use or warming up already."""
-    if spark_runs or paused_s < pause_s or keep_warm_s <= pause_s:
+    ``pause_s``, the user keeps things warm longer than that, no other Spark
+    work runs or waits (``spark_busy``: the cluster would take its slots, or
+    yield them back at once), and the cluster is not warm, in use or warming
+    up already."""
+    if spark_runs or spark_busy or paused_s < pause_s or keep_warm_s <= pause_s:
         return False
     return current is None or not current.usable or not (current.warm or current.runs or current.warming)

@@ -64,6 +64,23 @@ def first_run_setting() -> str:
     return value
 
 
+#: How often the warm-up looks again while the user's Spark work runs.
+_BUSY_LOOK_S = 1.0
+
+
+def _spark_busy(spark: Any) -> bool:
+    """Whether other Spark work runs or waits on ``spark`` now (a session
+    that cannot tell counts as idle)."""
+    from raydist.engine.spark.sides import side_of
+
+    try:
+        side = side_of(spark)
+        return bool(side.running_tasks() or side.waiting_tasks())
+    except Exception as e:  # noqa: BLE001 - a session stopping under us: nothing to warm up for
+        log.debug("reading Spark's tasks: %s", e)
+        return False
+
+
 class SparkTaskRuns:
     """Where runs go, and the warm-up after runs in Spark's tasks (mixed
     into TrainingSession, whose ``_lock``, ``_changed``, ``_held`` and
@@ -187,10 +204,17 @@ class SparkTaskRuns:
                         break
                     self._changed.wait(None if self._spark_runs else pause_s - paused)
                 want, resources, warm_workers, keep_warm_s, spark = self._next_run
-                self._next_run = None
+            busy = _spark_busy(spark)  # asked of Spark outside the lock
+            with self._changed:
+                if self._closing or self._next_run is None:
+                    continue
                 observed = self._observe(self._held, time.monotonic())  # type: ignore[attr-defined]
                 go = warm_up_now(observed, spark_runs=self._spark_runs, paused_s=paused, keep_warm_s=keep_warm_s,
-                                 pause_s=pause_s)
+                                 pause_s=pause_s, spark_busy=busy)
+                if busy and not self._spark_runs:
+                    self._changed.wait(_BUSY_LOOK_S)  # the user's Spark work: look again when it may be done
+                    continue
+                self._next_run = None
                 self._warming_up = go
             if go:
                 try:
@@ -226,9 +250,12 @@ class SparkTaskRuns:
                 return
             self._connect_to(held.cluster)  # type: ignore[attr-defined]
             if warm_workers:
+                def wanted() -> bool:  # not once a run or Spark work has taken the slots back
+                    return self._held is held and held.shape.workers >= want.workers and not self._spark_runs
+
                 with run_settings(RUN_ENV):
                     self.warm_runs.prepare(workers=want.workers, resources_per_worker=resources,
-                                           keep_warm_s=keep_warm_s)
+                                           keep_warm_s=keep_warm_s, still_wanted=wanted)
         finally:
             with self._changed:
                 held.warming -= 1

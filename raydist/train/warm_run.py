@@ -174,10 +174,11 @@ class WarmRun:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self, timeout_s: float = 300.0) -> None:
+    def start(self, timeout_s: float = 300.0, still_wanted: Callable[[], bool] | None = None) -> None:
         """Start the Ray Train run in a background thread; returns once its
         workers are up (or the run ended, or ``timeout_s`` passed: then the
-        first ``run`` reports what happened)."""
+        first ``run`` reports what happened). When ``still_wanted()`` says no
+        before that, the run is ended (``abandon``)."""
         import contextvars
         import time
 
@@ -221,7 +222,14 @@ class WarmRun:
                 if ray.get(self._board.ready.remote()):
                     log.info("warm run of %d workers ready in %.1f s", self.workers, time.monotonic() - started)
                     break
+                if still_wanted is not None and not still_wanted():
+                    log.info("a warm run of %d workers is no longer wanted; ending it", self.workers)
+                    break
                 time.sleep(0.2)
+            else:
+                return
+        if still_wanted is not None and not still_wanted() and not self._abandoned:
+            self.abandon()
 
     def _fit(self, trainer: Any) -> None:
         # Inside Ray until the run ends: a disconnect waits for that (abandon() ends it first).
@@ -425,12 +433,14 @@ class WarmRuns:
                 kept.in_use = False
                 self._changed.notify_all()
 
-    def prepare(self, *, workers: int, resources_per_worker: Mapping[str, float], keep_warm_s: float) -> None:
+    def prepare(self, *, workers: int, resources_per_worker: Mapping[str, float], keep_warm_s: float,
+                still_wanted: Callable[[], bool] | None = None) -> None:
         """Start the warm run a CPU job of ``workers`` workers would take on
         the connected cluster (raydist's own), with no job on it: the session
-        cluster's warm-up for the next run."""
+        cluster's warm-up for the next run. It is given up as soon as
+        ``still_wanted()`` says no (its nodes' slots went back to Spark)."""
         kept = self._take(_key(workers, resources_per_worker, False, 0), workers, resources_per_worker, False, 0,
-                          keep_warm_s, True)
+                          keep_warm_s, True, still_wanted)
         with self._changed:
             kept.in_use = False
             self._changed.notify_all()
@@ -444,7 +454,8 @@ class WarmRuns:
                     and kept.run.alive and not kept.in_use)
 
     def _take(self, key: tuple[Any, ...], workers: int, resources_per_worker: Mapping[str, float],
-              use_gpu: bool, max_failures: int, keep_warm_s: float, raydist_cluster: bool) -> _Kept:
+              use_gpu: bool, max_failures: int, keep_warm_s: float, raydist_cluster: bool,
+              still_wanted: Callable[[], bool] | None = None) -> _Kept:
         with self._changed:
             self._changed.wait_for(lambda: self._kept is None or not self._kept.in_use)
             old = self._kept
@@ -458,7 +469,7 @@ class WarmRuns:
         if old is not None:
             old.run.close()
         try:
-            new.run.start()
+            new.run.start(still_wanted=still_wanted)
         except BaseException:
             with self._changed:
                 if self._kept is new:
