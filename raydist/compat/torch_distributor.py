@@ -17,6 +17,17 @@ __all__ = ["TorchDistributor"]
 log = logging.getLogger(__name__)
 
 
+#: The most of the ranks' data (bytes, all ranks) that travels with a run in
+#: Spark's tasks (every task gets the stage's closure); more goes to Ray.
+SPARK_TASKS_INPUT_LIMIT = 32 << 20
+
+
+def _small(inputs: RankInputs) -> bool:
+    """Whether ``inputs`` are bytes small enough to travel with a Spark stage."""
+    sizes = [len(v) if isinstance(v, (bytes, bytearray)) else None for v in inputs.values]
+    return None not in sizes and sum(s for s in sizes if s is not None) <= SPARK_TASKS_INPUT_LIMIT
+
+
 class TorchDistributor:
     """[Experimental] Drop-in for ``pyspark.ml.torch.distributor.TorchDistributor``.
 
@@ -166,19 +177,21 @@ class TorchDistributor:
         resources = self._rank_resources()
         spark = session.spark_for_run(ranks=self.num_processes, needs_ray=self._needs_ray(inputs))
         if spark is not None:
-            return self._fit_in_spark_tasks(session, spark, job, resources)
+            return self._fit_in_spark_tasks(session, spark, job, resources, inputs)
         if self._warm_capable and self.keep_warm_s > 0:
             return self._fit_warm(session, job, resources, inputs)
         return self._fit_fresh(job, resources, inputs)
 
     def _needs_ray(self, inputs: RankInputs | None) -> bool:
         """Whether only Ray serves this run: a cluster named, lost workers to
-        survive, each rank's data through Ray's object store, or GPUs (on Ray
-        until their layout in Spark's tasks is proven on Spark's GPU scheduling)."""
-        return self.cluster is not None or self.max_failures != 0 or inputs is not None or self.use_gpu
+        survive, ranks' data too big to travel with a Spark stage (it goes
+        through Ray's object store), or GPUs (on Ray until their layout in
+        Spark's tasks is proven on Spark's GPU scheduling)."""
+        return (self.cluster is not None or self.max_failures != 0 or self.use_gpu
+                or (inputs is not None and not _small(inputs)))
 
     def _fit_in_spark_tasks(self, session: Any, spark: Any, job: Callable[[], Any],
-                            resources: dict[str, float]) -> Any:
+                            resources: dict[str, float], inputs: RankInputs | None) -> Any:
         """The run in one barrier stage of ``spark``'s tasks, as pyspark's
         own runs it; the session cluster warms up for the next run when runs
         pause (:mod:`raydist.train.session_spark_runs`)."""
@@ -187,7 +200,7 @@ class TorchDistributor:
         want = run_shape(self.num_processes, resources, False)
         with session.spark_tasks_run(want, resources, warm_workers=self._warm_capable,
                                      keep_warm_s=self.keep_warm_s, spark=spark):
-            return run_in_spark_tasks(job, spark=spark, ranks=self.num_processes,
+            return run_in_spark_tasks(job, spark=spark, ranks=self.num_processes, inputs=inputs,
                                       description=f"raydist: {type(self).__name__}'s ranks")
 
     def _rank_resources(self) -> dict[str, float]:

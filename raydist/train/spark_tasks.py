@@ -27,14 +27,17 @@ alike (no task dials the driver).
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import os
 import select
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
+from raydist.train._inputs import RankInputs
 from raydist.train._layout import Placed, torchrun_layout
 
 __all__ = ["OUTPUT_LIMIT", "ROUND_S", "run_in_spark_tasks", "task_ranks"]
@@ -63,6 +66,7 @@ def run_in_spark_tasks(
     per_task: int = 1,
     use_gpu: bool = False,
     env: dict[str, str] | None = None,
+    inputs: RankInputs | None = None,
     group: str = "",
     description: str = "raydist: training ranks",
 ) -> Any:
@@ -70,7 +74,9 @@ def run_in_spark_tasks(
     barrier stage on ``spark`` (classic or Connect); rank 0's value.
 
     ``env`` is added to every rank's environment (over the executor's own,
-    under the layout's). ``group`` labels the Spark job, so that cancelling
+    under the layout's). ``inputs``: each rank's own, travelling with the
+    stage (keep them small: every task gets the stage's closure) and staged
+    in the rank's task as on Ray. ``group`` labels the Spark job, so that cancelling
     it ends the run. The tasks take Spark's default task resources, as
     pyspark's distributors' do; a GPU run's ranks share their task's GPUs.
     """
@@ -81,7 +87,8 @@ def run_in_spark_tasks(
 
     side = side_of(spark)
     group = group or f"raydist-ranks-{os.getpid()}-{time.monotonic_ns()}"
-    body = functools.partial(_task_body, cloudpickle.dumps(job), ranks, per_task, use_gpu, dict(env or {}))
+    body = functools.partial(_task_body, cloudpickle.dumps(job), ranks, per_task, use_gpu, dict(env or {}),
+                             cloudpickle.dumps(inputs) if inputs is not None else b"")
     try:
         said = side.run_tasks(body, len(task_ranks(ranks, per_task)), group=group, description=description,
                               barrier=True)
@@ -107,9 +114,32 @@ def run_in_spark_tasks(
 # ------------------------------------------------------------- in a task
 
 
-def _task_body(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env: dict[str, str]) -> str:
+def _task_body(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env: dict[str, str],
+               inputs: bytes = b"") -> str:
     """One task of the stage: fork this task's ranks, wait with the other
     tasks for the run to end, and say each rank's outcome."""
+    from pyspark import cloudpickle
+
+    rank_inputs: RankInputs | None = cloudpickle.loads(inputs) if inputs else None
+    with contextlib.ExitStack() as staged:
+        own_env = {}
+        if rank_inputs is not None:
+            for rank in task_ranks(ranks, per_task)[_partition()]:
+                where = staged.enter_context(tempfile.TemporaryDirectory(prefix=f"raydist-rank{rank}-"))
+                own_env[rank] = dict(rank_inputs.stage(rank_inputs.values[rank], where))
+        return _ranks_in_task(payload, ranks, per_task, use_gpu, env, own_env)
+
+
+def _partition() -> int:
+    from pyspark import BarrierTaskContext
+
+    return BarrierTaskContext.get().partitionId()
+
+
+def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env: dict[str, str],
+                   own_env: dict[int, dict[str, str]]) -> str:
+    """:func:`_task_body` once each rank's input is staged (``own_env``: the
+    variables that say where)."""
     from pyspark import BarrierTaskContext, cloudpickle
 
     from raydist.engine.ports import free_port
@@ -130,7 +160,7 @@ def _task_body(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env: di
         pass
     children, output = [], {}
     for rank in mine:
-        rank_env = {**env, **layout[rank], "MASTER_ADDR": master, "MASTER_PORT": port}
+        rank_env = {**env, **own_env.get(rank, {}), **layout[rank], "MASTER_ADDR": master, "MASTER_PORT": port}
         if use_gpu and not gpus:
             rank_env.pop("CUDA_VISIBLE_DEVICES", None)  # Spark gave the task no GPUs: the executor's own
         read_end, write_end = os.pipe()
