@@ -365,7 +365,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
             out.print_json(json.dumps({"time": event.time.ToJsonString(), "state": pb.State.Name(event.state),
                                        "message": event.message}))
         else:
-            out.print(f"{when} {pb.State.Name(event.state):9} {event.message}")
+            # One line an event, never folded at the console's width (a kept
+            # run's path is longer than a terminal): a line to grep, as `ray logs`'.
+            out.print(f"{when} {pb.State.Name(event.state):9} {event.message}", soft_wrap=True, markup=False)
     return 0
 
 
