@@ -208,12 +208,12 @@ class SparkTaskRuns:
             with self._changed:
                 if self._closing or self._next_run is None:
                     continue
-                observed = self._observe(self._held, time.monotonic())  # type: ignore[attr-defined]
-                go = warm_up_now(observed, spark_runs=self._spark_runs, paused_s=paused, keep_warm_s=keep_warm_s,
-                                 pause_s=pause_s, spark_busy=busy)
                 if busy and not self._spark_runs:
                     self._changed.wait(_BUSY_LOOK_S)  # the user's Spark work: look again when it may be done
                     continue
+                observed = self._observe(self._held, time.monotonic())  # type: ignore[attr-defined]
+                go = warm_up_now(observed, spark_runs=self._spark_runs, paused_s=paused, keep_warm_s=keep_warm_s,
+                                 pause_s=pause_s, spark_busy=busy)
                 self._next_run = None
                 self._warming_up = go
             if go:
