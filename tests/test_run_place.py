@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from raydist.compat.mirrored_strategy import MirroredStrategyRunner
 from raydist.compat.torch_distributor import SPARK_TASKS_INPUT_LIMIT, TorchDistributor
 from raydist.errors import TrainingConfigError
 from raydist.train.runtime import RankInputs
@@ -29,6 +30,12 @@ def test_what_only_ray_serves_goes_to_ray(kwargs: dict) -> None:
     assert distributor._needs_ray(None)
 
 
+@pytest.mark.parametrize("kwargs", [{"cluster": "mine"}, {"max_failures": 1}, {"use_gpu": True}])
+def test_a_mirrored_run_goes_to_ray_for_the_same_reasons(kwargs: dict) -> None:
+    assert not MirroredStrategyRunner(2, use_gpu=False)._needs_ray()
+    assert MirroredStrategyRunner(2, **{"use_gpu": False, **kwargs})._needs_ray()
+
+
 def test_small_partitions_travel_with_the_stage_and_big_ones_through_rays_object_store() -> None:
     distributor = TorchDistributor(2, local_mode=False, use_gpu=False)
     assert not distributor._needs_ray(inputs(b"a" * 1000, b"b" * 1000))
@@ -37,11 +44,11 @@ def test_small_partitions_travel_with_the_stage_and_big_ones_through_rays_object
     assert distributor._needs_ray(inputs(b"a", object()))  # no size to judge by: Ray
 
 
-def test_the_setting_defaults_to_ray_and_names_itself_when_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_setting_defaults_to_sparks_tasks_and_names_itself_when_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(FIRST_RUN_ENV, raising=False)
-    assert first_run_setting() == "ray"
-    monkeypatch.setenv(FIRST_RUN_ENV, " Spark ")
     assert first_run_setting() == "spark"
+    monkeypatch.setenv(FIRST_RUN_ENV, " Ray ")
+    assert first_run_setting() == "ray"
     monkeypatch.setenv(FIRST_RUN_ENV, "tasks")
     with pytest.raises(TrainingConfigError, match=FIRST_RUN_ENV):
         first_run_setting()

@@ -89,6 +89,49 @@ def test_a_failing_rank_raises_its_own_error_once_and_ends_the_others(spark, tmp
     assert len(run_in_spark_tasks(each_rank_says, spark=spark, ranks=2)) == 2
 
 
+def peers_env(peers: list[str], rank: int) -> dict[str, str]:
+    return {"PEERS": ",".join(peers), "ME": str(rank)}
+
+
+def dial_every_peer() -> dict:
+    """Each rank listens on its own address and dials every other one, as
+    TensorFlow's workers do with ``TF_CONFIG``."""
+    import socket
+    import time
+
+    peers, me = os.environ["PEERS"].split(","), int(os.environ["ME"])
+    host, port = peers[me].rsplit(":", 1)
+    heard = []
+    with socket.create_server((host, int(port))) as server:
+        server.settimeout(60)
+        for other, address in enumerate(peers):
+            if other == me:
+                continue
+            peer_host, peer_port = address.rsplit(":", 1)
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    with socket.create_connection((peer_host, int(peer_port)), timeout=5) as dialed:
+                        dialed.sendall(str(me).encode())
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+        for _ in range(len(peers) - 1):
+            conn, _ = server.accept()
+            with conn:
+                heard.append(int(conn.recv(16)))
+    return {"peers": peers, "heard": sorted(heard)}
+
+
+def test_peers_env_gives_every_rank_each_peers_own_address(spark) -> None:
+    out = run_in_spark_tasks(dial_every_peer, spark=spark, ranks=2, peers_env=peers_env)
+    # Rank 0 heard from rank 1 on the address rank 1 was given, and the
+    # addresses were two (one a rank), as TF_CONFIG lists its workers.
+    assert out["heard"] == [1] and len(set(out["peers"])) == 2
+
+
 def test_task_ranks_splits_the_world_into_tasks() -> None:
     assert task_ranks(4, 2) == [range(0, 2), range(2, 4)]
     assert task_ranks(3, 2) == [range(0, 2), range(2, 3)]

@@ -1,8 +1,10 @@
 """[Experimental] ``MirroredStrategyRunner`` with spark-tensorflow-distributor's
-signature, on Ray Train."""
+signature: in Spark's own tasks while the session cluster is not warm, as
+spark-tensorflow-distributor runs it, else on Ray Train."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +31,24 @@ def _strategy_worker(fn: Callable[..., Any], kwargs: dict[str, Any], custom: boo
         return _run_program(fn, kwargs, custom)
 
     return run
+
+
+def _strategy_rank(fn: Callable[..., Any], kwargs: dict[str, Any], custom: bool) -> Callable[[], Any]:
+    """One rank of a run in Spark's tasks: Keras 2 under both names, as a Ray
+    Train worker of :class:`~raydist.train.tensorflow.TensorflowTrainer` has."""
+    def run() -> Any:
+        from raydist.train._keras2 import use_keras2_everywhere
+
+        use_keras2_everywhere()
+        return _run_program(fn, kwargs, custom)
+
+    return run
+
+
+def _tf_config(peers: list[str], rank: int) -> dict[str, str]:
+    """``TF_CONFIG`` of ``rank`` among ``peers``: what
+    ``MultiWorkerMirroredStrategy()`` reads to span them."""
+    return {"TF_CONFIG": json.dumps({"cluster": {"worker": list(peers)}, "task": {"type": "worker", "index": rank}})}
 
 
 class MirroredStrategyRunner:
@@ -93,10 +113,46 @@ class MirroredStrategyRunner:
             raise TrainingConfigError("train_fn", train_fn, "expected a function")
         # The driver's MLflow context reaches every worker (raydist.train.mlflow);
         # in local mode train_fn runs here, in the driver's own.
-        with tracked_run(type(self).__name__, self.num_slots, self.use_gpu):
+        with tracked_run(type(self).__name__, self.num_slots, self.use_gpu) as mlflow:
             if self.local_mode:
                 return self._run_here(train_fn, kwargs)
+            self.last_result = None
+            spark = self._spark_for_run()
+            if spark is not None:
+                return self._run_in_spark_tasks(spark, train_fn, kwargs, mlflow)
             return self._run_on_ray(train_fn, kwargs)
+
+    def _needs_ray(self) -> bool:
+        """Whether only Ray serves this run: a cluster named, lost workers to
+        survive, or GPUs (on Ray until their layout in Spark's tasks is
+        proven on Spark's GPU scheduling)."""
+        return self.cluster is not None or self.max_failures != 0 or self.use_gpu
+
+    def _spark_for_run(self) -> Any:
+        """The SparkSession whose tasks run this run, or None: Ray runs it
+        (:meth:`_needs_ray`, or a warm session cluster:
+        :func:`~raydist.train.session_rules.where_to_run`)."""
+        from raydist.train.runtime import training_session
+
+        return training_session().spark_for_run(ranks=self.num_slots, needs_ray=self._needs_ray())
+
+    def _run_in_spark_tasks(self, spark: Any, train_fn: Callable[..., Any], kwargs: dict[str, Any],
+                            mlflow: Any) -> Any:
+        """One barrier stage of ``spark``'s tasks, a rank each, with
+        ``TF_CONFIG`` naming every rank. Nothing warms up after it: a
+        TensorFlow run has no warm workers to reuse, so the next one is
+        quicker in Spark's tasks too."""
+        from raydist.train.runtime import keyboard_interrupts, run_in_spark_tasks, run_shape, training_session
+        from raydist.train.tensorflow import KERAS_ENV
+
+        job = _strategy_rank(train_fn, kwargs, self.use_custom_strategy)
+        resources = {"CPU": 1.0}
+        session = training_session()
+        with keyboard_interrupts(), session.spark_tasks_run(run_shape(self.num_slots, resources, False), resources,
+                                                            warm_workers=False, keep_warm_s=0.0, spark=spark):
+            return run_in_spark_tasks(mlflow.wrap(job) if mlflow is not None else job, spark=spark,
+                                      ranks=self.num_slots, env=KERAS_ENV, peers_env=_tf_config,
+                                      description=f"raydist: {type(self).__name__}'s ranks")
 
     def _run_on_ray(self, train_fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
         from ray.train import FailureConfig

@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
+import json
 import os
 import select
 import sys
@@ -40,7 +41,7 @@ from typing import Any
 from raydist.train._inputs import RankInputs
 from raydist.train._layout import Placed, torchrun_layout
 
-__all__ = ["OUTPUT_LIMIT", "ROUND_S", "run_in_spark_tasks", "task_ranks"]
+__all__ = ["OUTPUT_LIMIT", "PeersEnv", "ROUND_S", "run_in_spark_tasks", "task_ranks"]
 
 #: How often the tasks of a run compare notes (a barrier ``allGather``): the
 #: longest a successful run waits after its last rank ends, and a failure
@@ -50,6 +51,9 @@ ROUND_S = 0.25
 OUTPUT_LIMIT = 1 << 20
 
 _RUNNING, _DONE, _FAILED = "running", "done", "failed"
+
+#: Every rank's ``host:port`` (rank order) and a rank: that rank's added environment.
+PeersEnv = Callable[[list[str], int], dict[str, str]]
 
 
 def task_ranks(ranks: int, per_task: int) -> list[range]:
@@ -69,6 +73,7 @@ def run_in_spark_tasks(
     inputs: RankInputs | None = None,
     group: str = "",
     description: str = "raydist: training ranks",
+    peers_env: PeersEnv | None = None,
 ) -> Any:
     """Run ``job()`` in ``ranks`` processes, ``per_task`` to a task of one
     barrier stage on ``spark`` (classic or Connect); rank 0's value.
@@ -76,8 +81,11 @@ def run_in_spark_tasks(
     ``env`` is added to every rank's environment (over the executor's own,
     under the layout's). ``inputs``: each rank's own, travelling with the
     stage (keep them small: every task gets the stage's closure) and staged
-    in the rank's task as on Ray. ``group`` labels the Spark job, so that cancelling
-    it ends the run. The tasks take Spark's default task resources, as
+    in the rank's task as on Ray. ``peers_env``: for frameworks that dial
+    every peer rather than rank 0 (TensorFlow's ``TF_CONFIG``), each rank's
+    added environment from every rank's ``host:port`` (a port free on the
+    rank's host, in rank order) and its own rank. ``group`` labels the Spark
+    job, so that cancelling it ends the run. The tasks take Spark's default task resources, as
     pyspark's distributors' do; a GPU run's ranks share their task's GPUs.
     """
     from pyspark import cloudpickle
@@ -88,7 +96,8 @@ def run_in_spark_tasks(
     side = side_of(spark)
     group = group or f"raydist-ranks-{os.getpid()}-{time.monotonic_ns()}"
     body = functools.partial(_task_body, cloudpickle.dumps(job), ranks, per_task, use_gpu, dict(env or {}),
-                             cloudpickle.dumps(inputs) if inputs is not None else b"")
+                             cloudpickle.dumps(inputs) if inputs is not None else b"",
+                             cloudpickle.dumps(peers_env) if peers_env is not None else b"")
     try:
         said = side.run_tasks(body, len(task_ranks(ranks, per_task)), group=group, description=description,
                               barrier=True)
@@ -115,7 +124,7 @@ def run_in_spark_tasks(
 
 
 def _task_body(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env: dict[str, str],
-               inputs: bytes = b"") -> str:
+               inputs: bytes = b"", peers: bytes = b"") -> str:
     """One task of the stage: fork this task's ranks, wait with the other
     tasks for the run to end, and say each rank's outcome."""
     from pyspark import cloudpickle
@@ -127,7 +136,8 @@ def _task_body(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env: di
             for rank in task_ranks(ranks, per_task)[_partition()]:
                 where = staged.enter_context(tempfile.TemporaryDirectory(prefix=f"raydist-rank{rank}-"))
                 own_env[rank] = dict(rank_inputs.stage(rank_inputs.values[rank], where))
-        return _ranks_in_task(payload, ranks, per_task, use_gpu, env, own_env)
+        return _ranks_in_task(payload, ranks, per_task, use_gpu, env, own_env,
+                              cloudpickle.loads(peers) if peers else None)
 
 
 def _partition() -> int:
@@ -137,7 +147,7 @@ def _partition() -> int:
 
 
 def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env: dict[str, str],
-                   own_env: dict[int, dict[str, str]]) -> str:
+                   own_env: dict[int, dict[str, str]], peers_env: PeersEnv | None = None) -> str:
     """:func:`_task_body` once each rank's input is staged (``own_env``: the
     variables that say where)."""
     from pyspark import BarrierTaskContext, cloudpickle
@@ -148,8 +158,15 @@ def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env
     ctx = BarrierTaskContext.get()
     task = ctx.partitionId()
     mine = task_ranks(ranks, per_task)[task]
-    master = ctx.getTaskInfos()[0].address.rsplit(":", 1)[0]
-    port = ctx.allGather(str(free_port(master)) if task == 0 else "")[0]
+    infos = ctx.getTaskInfos()
+    master, host = infos[0].address.rsplit(":", 1)[0], infos[task].address.rsplit(":", 1)[0]
+    taken: set[int] = set()
+    own_ports = [free_port(host, avoid=taken) for _ in mine] if peers_env is not None else []
+    # One round of the barrier: rank 0's port, and each rank's own where peers dial each other.
+    said = [json.loads(s) for s in ctx.allGather(json.dumps({
+        "master_port": str(free_port(master)) if task == 0 else "",
+        "peers": [f"{host}:{p}" for p in own_ports]}))]
+    port, peers = said[0]["master_port"], [address for one in said for address in one["peers"]]
     gpus = _task_gpus(ctx) if use_gpu else []
     own = dict(zip(mine, gpus, strict=False))  # each rank's own device, the first ones the task's ranks'
     placed = [Placed(f"task-{r // per_task}", (own[r],) if r in own else ()) for r in range(ranks)]
@@ -161,6 +178,8 @@ def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env
     children, output = [], {}
     for rank in mine:
         rank_env = {**env, **own_env.get(rank, {}), **layout[rank], "MASTER_ADDR": master, "MASTER_PORT": port}
+        if peers_env is not None:
+            rank_env.update(peers_env(peers, rank))
         if use_gpu and not gpus:
             rank_env.pop("CUDA_VISIBLE_DEVICES", None)  # Spark gave the task no GPUs: the executor's own
         read_end, write_end = os.pipe()
