@@ -15,8 +15,8 @@ Spark's tasks pays none of them. Once runs pause, the cluster starts on the
 slots they left free, and the next run finds its workers warm (a fraction of
 a second, where a barrier stage takes seconds).
 
-``RAYDIST_FIRST_RUN`` chooses: ``spark`` (this way) or ``ray`` (every run on
-the session cluster, started by the first run).
+``RAYDIST_FIRST_RUN`` chooses: ``spark`` (this way, the default) or ``ray``
+(every run on the session cluster, started by the first run).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 FIRST_RUN_ENV = "RAYDIST_FIRST_RUN"
 _CHOICES = ("spark", "ray")
 #: Where it goes unless the user says.
-DEFAULT_FIRST_RUN = "ray"
+DEFAULT_FIRST_RUN = "spark"
 
 
 def first_run_setting() -> str:

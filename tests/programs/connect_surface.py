@@ -1,7 +1,7 @@
 """A Spark user's training program on a Spark Connect session, with one import
 changed (``--original``: pyspark's and spark-tensorflow-distributor's own
 classes), run as a script by tests/test_connect.py: every distributor on the
-default path, local mode on the client, and (raydist only) a facade and the
+session cluster, local mode on the client, and (raydist only) a facade and the
 DataFrame handoff to Ray and back; then the user's own Spark work, (raydist
 only) a wait past the session cluster's retirement and Ray's GCS reconnect
 timeout and one more run, and ``spark.stop()``. Prints one RESULT line.
@@ -20,6 +20,10 @@ import time
 #: Ray's C++ config from the environment, before Ray is imported).
 GCS_TIMEOUT_S = 8
 os.environ["RAY_gcs_rpc_server_reconnect_timeout_s"] = str(GCS_TIMEOUT_S)
+#: This program checks the session cluster's own life (the Ray path: a warm
+#: run, the yield that keeps the head, retirement), so every run goes there;
+#: tests/programs/first_runs.py checks the default path (Spark's tasks first).
+os.environ.setdefault("RAYDIST_FIRST_RUN", "ray")
 
 from pyspark.sql import SparkSession  # noqa: E402
 

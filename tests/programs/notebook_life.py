@@ -28,6 +28,10 @@ import time
 #: Ray's C++ config from the environment, before Ray is imported).
 GCS_TIMEOUT_S = 8
 os.environ["RAY_gcs_rpc_server_reconnect_timeout_s"] = str(GCS_TIMEOUT_S)
+#: This program checks the session cluster's own life (the Ray path: a warm
+#: run, the yield that keeps the head, retirement), so every run goes there;
+#: tests/programs/first_runs.py checks the default path (Spark's tasks first).
+os.environ.setdefault("RAYDIST_FIRST_RUN", "ray")
 
 from pyspark.sql import SparkSession  # noqa: E402
 

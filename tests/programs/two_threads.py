@@ -7,13 +7,19 @@ and runs that come meanwhile wait their turn). No cluster= anywhere. Prints
 one JSON line."""
 
 import json
+import os
 import threading
 import time
 
-from pyspark.sql import SparkSession
+#: This program checks the session cluster's own life (the Ray path: a warm
+#: run, the yield that keeps the head, retirement), so every run goes there;
+#: tests/programs/first_runs.py checks the default path (Spark's tasks first).
+os.environ.setdefault("RAYDIST_FIRST_RUN", "ray")
 
-from raydist.compat import TorchDistributor
-from raydist.train import TorchTrainer
+from pyspark.sql import SparkSession  # noqa: E402
+
+from raydist.compat import TorchDistributor  # noqa: E402
+from raydist.train import TorchTrainer  # noqa: E402
 
 spark = SparkSession.builder.master("local-cluster[2,2,1024]").config("spark.ui.enabled", "false").getOrCreate()
 spark.sparkContext.setLogLevel("ERROR")
