@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 
 import psutil
 import pytest
@@ -87,6 +89,36 @@ def test_a_failing_rank_raises_its_own_error_once_and_ends_the_others(spark, tmp
     assert [(tmp_path / r).read_text() for r in ("0", "1")] == ["started\n", "started\n"]
     # Spark's slots are free again: the next run gets both.
     assert len(run_in_spark_tasks(each_rank_says, spark=spark, ranks=2)) == 2
+
+
+def waits_for_the_driver(marker: str) -> bool:
+    """Prints a line, then waits until the driver has seen it."""
+    import time
+
+    print(f"rank {os.environ['RANK']} is at step 1", flush=True)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return os.path.exists(marker)
+
+
+def test_what_ranks_print_reaches_the_drivers_console_while_they_run(spark, tmp_path, capsys) -> None:
+    marker = tmp_path / "seen"
+    result: dict = {}
+    run = threading.Thread(target=lambda: result.update(
+        out=run_in_spark_tasks(lambda: waits_for_the_driver(str(marker)), spark=spark, ranks=2)))
+    run.start()
+    seen, deadline = "", time.monotonic() + 60
+    while not all(f"rank {r} is at step 1\n" in seen for r in (0, 1)) and time.monotonic() < deadline:
+        seen += capsys.readouterr().out
+        time.sleep(0.1)
+    marker.touch()
+    run.join(timeout=120)
+    seen += capsys.readouterr().out
+    # Rank 0 was still waiting when its line reached this console, and each
+    # line came once (not again at the end).
+    assert result["out"] is True
+    assert [seen.count(f"rank {r} is at step 1\n") for r in (0, 1)] == [1, 1], seen
 
 
 def peers_env(peers: list[str], rank: int) -> dict[str, str]:

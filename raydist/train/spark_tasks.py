@@ -9,8 +9,9 @@ torchrun's environment as :func:`raydist.train._layout.torchrun_layout`
 gives it (so ``LOCAL_RANK`` indexes the task's own ``CUDA_VISIBLE_DEVICES``),
 rank 0's value comes back, the first failing rank's error is raised as
 itself, with the rank and its traceback as a note, and what each rank
-printed is printed on the driver when the run ends (pyspark streams it while
-the run goes; that comes when the distributors use this).
+prints reaches the driver's console as it prints it, as pyspark streams
+torchrun's (on a classic session; from a Connect client, when the run ends:
+:mod:`raydist.train._rank_output`).
 
 In each task the Spark Python worker forks one child per rank
 (:mod:`raydist.train._fork`), after importing ``torch`` itself: Spark reuses
@@ -40,6 +41,7 @@ from typing import Any
 
 from raydist.train._inputs import RankInputs
 from raydist.train._layout import Placed, torchrun_layout
+from raydist.train._rank_output import OutputSender, Where, streamed_output
 
 __all__ = ["OUTPUT_LIMIT", "PeersEnv", "ROUND_S", "run_in_spark_tasks", "task_ranks"]
 
@@ -95,15 +97,16 @@ def run_in_spark_tasks(
 
     side = side_of(spark)
     group = group or f"raydist-ranks-{os.getpid()}-{time.monotonic_ns()}"
-    body = functools.partial(_task_body, cloudpickle.dumps(job), ranks, per_task, use_gpu, dict(env or {}),
-                             cloudpickle.dumps(inputs) if inputs is not None else b"",
-                             cloudpickle.dumps(peers_env) if peers_env is not None else b"")
-    try:
-        said = side.run_tasks(body, len(task_ranks(ranks, per_task)), group=group, description=description,
-                              barrier=True)
-    except BaseException:
-        side.cancel(group=group)  # an interrupted run: its tasks (and their ranks) end too
-        raise
+    with streamed_output(side) as where:
+        body = functools.partial(_task_body, cloudpickle.dumps(job), ranks, per_task, use_gpu, dict(env or {}),
+                                 cloudpickle.dumps(inputs) if inputs is not None else b"",
+                                 cloudpickle.dumps(peers_env) if peers_env is not None else b"", where)
+        try:
+            said = side.run_tasks(body, len(task_ranks(ranks, per_task)), group=group, description=description,
+                                  barrier=True)
+        except BaseException:
+            side.cancel(group=group)  # an interrupted run: its tasks (and their ranks) end too
+            raise
     outcomes: dict[int, tuple[str, Any]] = {}
     ended: dict[int, float] = {}
     printed: dict[int, str] = {}
@@ -112,7 +115,7 @@ def run_in_spark_tasks(
         for rank, kind, payload, at in ranks_said:
             outcomes[rank], ended[rank] = (kind, payload), at
         printed.update(output)
-    for rank in sorted(printed):  # the ranks' output on this console, as pyspark streams torchrun's
+    for rank in sorted(printed):  # what did not stream (Connect; a refused dial): on this console now
         if printed[rank]:
             sys.stdout.write(printed[rank] if printed[rank].endswith("\n") else printed[rank] + "\n")
     sys.stdout.flush()
@@ -124,7 +127,7 @@ def run_in_spark_tasks(
 
 
 def _task_body(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env: dict[str, str],
-               inputs: bytes = b"", peers: bytes = b"") -> str:
+               inputs: bytes = b"", peers: bytes = b"", output_to: Where | None = None) -> str:
     """One task of the stage: fork this task's ranks, wait with the other
     tasks for the run to end, and say each rank's outcome."""
     from pyspark import cloudpickle
@@ -136,8 +139,9 @@ def _task_body(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env: di
             for rank in task_ranks(ranks, per_task)[_partition()]:
                 where = staged.enter_context(tempfile.TemporaryDirectory(prefix=f"raydist-rank{rank}-"))
                 own_env[rank] = dict(rank_inputs.stage(rank_inputs.values[rank], where))
+        sender = staged.enter_context(contextlib.closing(OutputSender(output_to))) if output_to else None
         return _ranks_in_task(payload, ranks, per_task, use_gpu, env, own_env,
-                              cloudpickle.loads(peers) if peers else None)
+                              cloudpickle.loads(peers) if peers else None, sender)
 
 
 def _partition() -> int:
@@ -147,7 +151,8 @@ def _partition() -> int:
 
 
 def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env: dict[str, str],
-                   own_env: dict[int, dict[str, str]], peers_env: PeersEnv | None = None) -> str:
+                   own_env: dict[int, dict[str, str]], peers_env: PeersEnv | None = None,
+                   sender: OutputSender | None = None) -> str:
     """:func:`_task_body` once each rank's input is staged (``own_env``: the
     variables that say where)."""
     from pyspark import BarrierTaskContext, cloudpickle
@@ -186,7 +191,7 @@ def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env
         children.append(fork_job(functools.partial(_unpickled, payload), rank_env, pickler=cloudpickle,
                                  output_fd=write_end))
         os.close(write_end)
-        output[read_end] = _Output(rank)
+        output[read_end] = _Output(rank, sender)
     outcomes: dict[int, tuple[str, Any]] = {}
     ended: dict[int, float] = {}
     imported: set[str] = set()
@@ -237,12 +242,14 @@ def _drain(output: dict[int, _Output], within_s: float = 2.0) -> None:
 
 
 class _Output:
-    """What one rank printed (stdout and stderr, as they came), its last
+    """What one rank printed (stdout and stderr, as they came): sent to the
+    driver as it comes where ``sender`` can, else kept, its last
     :data:`OUTPUT_LIMIT` bytes."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, sender: OutputSender | None = None) -> None:
         self.rank = rank
         self.open = True
+        self._sender = sender
         self._data = bytearray()
         self._dropped = 0
 
@@ -251,6 +258,8 @@ class _Output:
         if not chunk:
             self.open = False
             os.close(fd)
+            return
+        if self._sender is not None and self._sender.send(self.rank, chunk):
             return
         self._data += chunk
         if len(self._data) > OUTPUT_LIMIT:
