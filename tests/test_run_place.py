@@ -19,19 +19,21 @@ def inputs(*values: object) -> RankInputs:
     return RankInputs(list(values), lambda value, where: {})
 
 
-def test_a_plain_cpu_run_needs_no_ray() -> None:
-    assert not TorchDistributor(2, local_mode=False, use_gpu=False)._needs_ray(None)
+@pytest.mark.parametrize("use_gpu", [False, True])
+def test_a_plain_run_needs_no_ray(use_gpu: bool) -> None:
+    assert not TorchDistributor(2, local_mode=False, use_gpu=use_gpu)._needs_ray(None)
 
 
-@pytest.mark.parametrize("kwargs", [{"cluster": "mine"}, {"max_failures": 1}, {"max_failures": -1},
-                                    {"use_gpu": True}])
+@pytest.mark.parametrize("kwargs", [{"cluster": "mine"}, {"max_failures": 1}, {"max_failures": -1}])
 def test_what_only_ray_serves_goes_to_ray(kwargs: dict) -> None:
     distributor = TorchDistributor(2, local_mode=False, **{"use_gpu": False, **kwargs})
     assert distributor._needs_ray(None)
 
 
 @pytest.mark.parametrize("kwargs", [{"cluster": "mine"}, {"max_failures": 1}, {"use_gpu": True}])
-def test_a_mirrored_run_goes_to_ray_for_the_same_reasons(kwargs: dict) -> None:
+def test_a_mirrored_run_goes_to_ray_for_the_same_reasons_and_gpus(kwargs: dict) -> None:
+    """spark-tensorflow-distributor gives each worker all its task's GPUs,
+    a layout Spark's tasks do not give ranks here yet: GPU runs stay on Ray."""
     assert not MirroredStrategyRunner(2, use_gpu=False)._needs_ray()
     assert MirroredStrategyRunner(2, **{"use_gpu": False, **kwargs})._needs_ray()
 

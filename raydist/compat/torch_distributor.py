@@ -175,7 +175,8 @@ class TorchDistributor:
                 if self.keep_warm_s == 0:
                     local.close()
         resources = self._rank_resources()
-        spark = session.spark_for_run(ranks=self.num_processes, needs_ray=self._needs_ray(inputs))
+        spark = session.spark_for_run(ranks=self.num_processes, needs_ray=self._needs_ray(inputs),
+                                      per_task=self._ranks_per_task(), use_gpu=self.use_gpu)
         if spark is not None:
             return self._fit_in_spark_tasks(session, spark, job, resources, inputs)
         if self._warm_capable and self.keep_warm_s > 0:
@@ -184,11 +185,17 @@ class TorchDistributor:
 
     def _needs_ray(self, inputs: RankInputs | None) -> bool:
         """Whether only Ray serves this run: a cluster named, lost workers to
-        survive, ranks' data too big to travel with a Spark stage (it goes
-        through Ray's object store), or GPUs (on Ray until their layout in
-        Spark's tasks is proven on Spark's GPU scheduling)."""
-        return (self.cluster is not None or self.max_failures != 0 or self.use_gpu
-                or (inputs is not None and not _small(inputs)))
+        survive, or ranks' data too big to travel with a Spark stage (it goes
+        through Ray's object store)."""
+        return self.cluster is not None or self.max_failures != 0 or (inputs is not None and not _small(inputs))
+
+    def _ranks_per_task(self) -> int:
+        """A run's ranks to one Spark task, as pyspark lays them out: one a
+        task on CPU; on GPU one a task's GPU (``spark.task.resource.gpu.amount``),
+        each rank's ``LOCAL_RANK`` indexing its task's ``CUDA_VISIBLE_DEVICES``."""
+        from raydist.train.runtime import spark_task_resources
+
+        return spark_task_resources()[1] if self.use_gpu else 1
 
     def _fit_in_spark_tasks(self, session: Any, spark: Any, job: Callable[[], Any],
                             resources: dict[str, float], inputs: RankInputs | None) -> Any:
@@ -197,10 +204,11 @@ class TorchDistributor:
         pause (:mod:`raydist.train.session_spark_runs`)."""
         from raydist.train.runtime import run_in_spark_tasks, run_shape
 
-        want = run_shape(self.num_processes, resources, False)
+        want = run_shape(self.num_processes, resources, self.use_gpu)
         with session.spark_tasks_run(want, resources, warm_workers=self._warm_capable,
                                      keep_warm_s=self.keep_warm_s, spark=spark):
-            return run_in_spark_tasks(job, spark=spark, ranks=self.num_processes, inputs=inputs,
+            return run_in_spark_tasks(job, spark=spark, ranks=self.num_processes, per_task=self._ranks_per_task(),
+                                      use_gpu=self.use_gpu, inputs=inputs,
                                       description=f"raydist: {type(self).__name__}'s ranks")
 
     def _rank_resources(self) -> dict[str, float]:

@@ -103,7 +103,8 @@ class SparkTaskRuns:
         self._cut_short = 0  # warm-ups cut short by a run in a row: each doubles the pause the next waits for
         self._pauses = Backoff(WARM_UP_AFTER_S, WARM_UP_AFTER_MOST_S)
         self._closing = False
-        self._slots: dict[int, tuple[Any, int]] = {}  # id(SparkSession) -> (it, its task slots)
+        #: (id(SparkSession), GPU tasks) -> (it, its task slots)
+        self._slots: dict[tuple[int, bool], tuple[Any, int]] = {}
 
     def run_place(self, *, needs_ray: bool, fits_spark: bool) -> RunPlace:
         """Where a run goes now (see :func:`where_to_run`)."""
@@ -114,11 +115,13 @@ class SparkTaskRuns:
             self._warm_run_used()
         return place
 
-    def spark_for_run(self, *, ranks: int, needs_ray: bool) -> Any | None:
-        """The SparkSession a CPU run of ``ranks`` processes goes to Spark's
-        tasks on, or None: it runs on Ray. ``needs_ray``: the run asked for
-        what only Ray serves; ``RAY_ADDRESS`` and the user's own connection
-        to a Ray cluster count too."""
+    def spark_for_run(self, *, ranks: int, needs_ray: bool, per_task: int = 1, use_gpu: bool = False) -> Any | None:
+        """The SparkSession a run of ``ranks`` processes, ``per_task`` to a
+        task, goes to Spark's tasks on, or None: it runs on Ray.
+        ``needs_ray``: the run asked for what only Ray serves; ``RAY_ADDRESS``
+        and the user's own connection to a Ray cluster count too. A
+        ``use_gpu`` run's tasks take their GPUs as Spark's default task
+        resources say (``spark.task.resource.gpu.amount``)."""
         from raydist.engine.registry import registry
         from raydist.engine.spark import session as spark_side
 
@@ -128,21 +131,24 @@ class SparkTaskRuns:
         if self.run_place(needs_ray=needs_ray, fits_spark=True) is not RunPlace.SPARK_TASKS:
             return None
         spark = spark_side.active_session() or registry.embedded_spark(None, {})
-        return spark if ranks <= self._task_slots(spark) else None
+        return spark if -(-ranks // per_task) <= self._task_slots(spark, use_gpu) else None
 
-    def _task_slots(self, spark: Any) -> int:
-        """How many tasks of ``spark.task.cpus`` the session's executors run
+    def _task_slots(self, spark: Any, use_gpu: bool) -> int:
+        """How many tasks of ``spark.task.cpus`` (and, ``use_gpu``,
+        ``spark.task.resource.gpu.amount`` GPUs) the session's executors run
         at once (read once per session: a barrier stage that finds fewer
         fails at once, naming the slots)."""
         from raydist.engine.spark import session as spark_side
         from raydist.train._resources import spark_task_resources
 
+        key = (id(spark), use_gpu)
         with self._lock:
-            known = self._slots.get(id(spark))
+            known = self._slots.get(key)
         if known is None or known[0] is not spark:
-            known = (spark, spark_side.capacity(spark).slots(spark_task_resources()[0], 0))
+            cpus, gpus = spark_task_resources()
+            known = (spark, spark_side.capacity(spark).slots(cpus, gpus if use_gpu else 0))
             with self._lock:
-                self._slots[id(spark)] = known
+                self._slots[key] = known
         return known[1]
 
     def users_ray(self) -> bool:
