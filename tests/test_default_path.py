@@ -31,3 +31,5 @@ def test_notebook_habits_and_plain_keras_work_with_no_other_call(tmp_path, no_le
         assert len(losses) == 4 and all(v == v and v < float("inf") for v in losses), (name, losses)
         assert losses[-1] < losses[0], (name, losses)
     assert out["keras3"]["keras"].startswith("tf_keras")
+    # ... in Spark's own tasks, as spark-tensorflow-distributor runs it: no session cluster after down().
+    assert out["keras3"]["place"] == "spark"

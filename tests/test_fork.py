@@ -9,7 +9,19 @@ import time
 
 import pytest
 
-from raydist.train._fork import CANCELLED, ERROR, LOST, OK, keep_destroyed_groups, learn_imports, run_forked, run_ranks
+from raydist.train._fork import (
+    CANCELLED,
+    ERROR,
+    LOST,
+    OK,
+    Ranks,
+    fork_unsafe,
+    keep_destroyed_groups,
+    learn_imports,
+    run_forked,
+    run_ranks,
+    spawn_job,
+)
 
 pytestmark = pytest.mark.component
 
@@ -111,3 +123,47 @@ def test_destroyed_process_groups_stay_referenced_until_the_process_ends() -> No
     kind, payload = run_forked(job, {}, still_wanted=lambda: True)
     assert kind == OK, loads(payload) if kind == ERROR else payload
     assert loads(payload) == 1
+
+
+def fresh_job() -> dict:
+    import os
+    import sys
+
+    print("from the fresh rank", flush=True)
+    if os.environ.get("FAIL"):
+        raise ValueError("bad batch")
+    return {"pid": os.getpid(), "ppid": os.getppid(), "x": os.environ["X"], "torch_loaded": "torch" in sys.modules}
+
+
+def test_a_parent_that_ran_tensorflow_is_not_forked(monkeypatch) -> None:
+    monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
+    assert fork_unsafe() == []
+    monkeypatch.setitem(sys.modules, "tensorflow", sys)  # what `import tensorflow` leaves
+    assert fork_unsafe() == ["tensorflow"]
+
+
+def test_a_fresh_interpreter_runs_a_job_as_a_forked_child_would(tmp_path) -> None:
+    """spawn_job: what a parent that cannot be forked uses; the same outcome,
+    output and environment, in a process that shares nothing of the parent's."""
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        payload = cloudpickle.dumps(fresh_job)
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    out = tmp_path / "out"
+    with open(out, "wb") as f:
+        ranks = Ranks([spawn_job(payload, {"X": "1"}, pickler="pyspark.cloudpickle", output_fd=f.fileno()),
+                       spawn_job(payload, {"X": "2", "FAIL": "1"}, pickler="pyspark.cloudpickle",
+                                 output_fd=f.fileno())], cloudpickle)
+        while not ranks.done:
+            ranks.read(ranks.fds())
+    (kind0, value), (kind1, error) = ranks.results()
+    assert kind0 == OK and kind1 == ERROR
+    got = cloudpickle.loads(value)
+    assert got["ppid"] == os.getpid() and got["x"] == "1"
+    assert got["torch_loaded"] is False  # nothing of this process's imports: a fresh interpreter
+    raised, text = cloudpickle.loads(error)
+    assert isinstance(raised, ValueError) and "bad batch" in text
+    assert out.read_text().count("from the fresh rank") == 2

@@ -25,7 +25,8 @@ import os
 import select
 import signal
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,16 +107,7 @@ def fork_job(
             if output_fd is not None:
                 os.dup2(output_fd, 1)
                 os.dup2(output_fd, 2)
-            die_with_parent(signal.SIGKILL)
-            keep_destroyed_groups()
-            os.environ.update(env)
-            try:
-                outcome: tuple[str, bytes] = (OK, cloudpickle.dumps(job()))
-            except BaseException as e:  # noqa: BLE001 - the job's error goes back to the parent
-                outcome = (ERROR, pickle_error(e, cloudpickle))
-            data = cloudpickle.dumps((outcome, sorted(set(sys.modules) - known)))
-            with os.fdopen(write_fd, "wb") as out:
-                out.write(data)
+            run_child(job, env, cloudpickle, write_fd, known)
         except BaseException:  # noqa: BLE001 - nothing may escape a forked child
             code = 1
         finally:
@@ -124,6 +116,54 @@ def fork_job(
             os._exit(code)
     os.close(write_fd)
     return Child(pid, read_fd)
+
+
+def run_child(job: Callable[[], Any], env: dict[str, str], cloudpickle: Any, write_fd: int, known: set[str]) -> None:
+    """A child's life once it runs (forked, or a fresh interpreter): tied to
+    its parent's, ``job()`` run with ``env`` added, its outcome and the
+    modules it imported beyond ``known`` written to ``write_fd``."""
+    die_with_parent(signal.SIGKILL)
+    keep_destroyed_groups()
+    os.environ.update(env)
+    try:
+        outcome: tuple[str, bytes] = (OK, cloudpickle.dumps(job()))
+    except BaseException as e:  # noqa: BLE001 - the job's error goes back to the parent
+        outcome = (ERROR, pickle_error(e, cloudpickle))
+    data = cloudpickle.dumps((outcome, sorted(set(sys.modules) - known)))
+    with os.fdopen(write_fd, "wb") as out:
+        out.write(data)
+
+
+#: Runtimes whose threads and locks a forked child inherits dead once this
+#: process has imported them (TensorFlow's executor hangs in the child).
+FORK_UNSAFE = ("tensorflow", "jax")
+
+
+def fork_unsafe() -> list[str]:
+    """What this process imported that makes forking it unsafe."""
+    return [name for name in FORK_UNSAFE if name in sys.modules]
+
+
+def spawn_job(payload: bytes, env: dict[str, str], *, pickler: str, output_fd: int | None = None) -> Child:
+    """:func:`fork_job` in a fresh interpreter, for a parent that cannot be
+    forked safely (:func:`fork_unsafe`): ``payload`` is the job pickled with
+    the cloudpickle module named ``pickler``; the outcome comes back the
+    same way. Slower to start (the job imports what it needs anew)."""
+    import subprocess
+
+    read_fd, write_fd = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "raydist.train._fresh_rank", str(write_fd), pickler],
+            stdin=subprocess.PIPE, stdout=output_fd, stderr=output_fd, pass_fds=(write_fd,),
+            env={**os.environ, **env},
+        )
+    finally:
+        os.close(write_fd)
+    assert proc.stdin is not None
+    with proc.stdin:
+        proc.stdin.write(payload)
+    return Child(proc.pid, read_fd)
 
 
 def run_forked(
@@ -153,34 +193,67 @@ def run_forked(
     return (kind, payload)
 
 
+class Ranks:
+    """Children forked one per rank of a run (in rank order), and what each
+    has said so far: what a parent that runs several ranks at once watches."""
+
+    def __init__(self, children: Sequence[Child], pickler: Any = None) -> None:
+        self.children = list(children)
+        self._pickler = pickler
+        self.outcomes: dict[int, tuple[str, Any]] = {}  # index -> (kind, payload)
+        self.ended: dict[int, float] = {}  # index -> when its outcome came
+        self.imported: set[str] = set()  # what the children imported that this process has not
+
+    @property
+    def done(self) -> bool:
+        return all(c.done for c in self.children)
+
+    @property
+    def failed(self) -> bool:
+        """Whether a rank failed (an error, or death without an outcome)."""
+        return any(kind != OK for kind, _ in self.outcomes.values())
+
+    def fds(self) -> list[int]:
+        """The pipes of the children still running, to wait on."""
+        return [c.fd for c in self.children if not c.done]
+
+    def read(self, ready: Collection[int]) -> None:
+        """Read the pipes among ``ready``; note each child that ended."""
+        for index, child in enumerate(self.children):
+            if child.fd in ready and not child.done and child.read():
+                kind, payload, names = child.outcome(self._pickler)
+                self.outcomes[index], self.ended[index] = (kind, payload), time.time()
+                self.imported.update(names)
+
+    def kill_rest(self) -> None:
+        """End every child still running (they would wait for a failed one
+        forever in a collective)."""
+        for child in self.children:
+            if not child.done:
+                child.kill()
+
+    def results(self) -> list[tuple[str, Any]]:
+        """Each rank's (kind, payload); a killed rank says CANCELLED."""
+        return [self.outcomes.get(index, (CANCELLED, None)) for index in range(len(self.children))]
+
+
 def run_ranks(jobs: Sequence[Callable[[], Any]], *, pickler: Any = None) -> list[tuple[str, Any]]:
     """Run each job (one per rank) in a forked child of its own, all at once.
     The first child that fails (an error, or death without an outcome) has
-    the others killed: they would wait for it forever in a collective.
-    Returns each rank's (kind, payload); killed ranks say CANCELLED."""
+    the others killed. Returns each rank's (kind, payload)."""
     before = set(sys.modules)
-    children = [fork_job(job, {}, before=before, pickler=pickler) for job in jobs]
-    outcomes: list[tuple[str, Any] | None] = [None] * len(children)
-    imported: set[str] = set()
+    ranks = Ranks([fork_job(job, {}, before=before, pickler=pickler) for job in jobs], pickler)
     try:
-        while any(not c.done for c in children):
-            ready, _, _ = select.select([c.fd for c in children if not c.done], [], [])
-            for rank, child in enumerate(children):
-                if child.fd in ready and not child.done and child.read():
-                    kind, payload, names = child.outcome(pickler)
-                    outcomes[rank] = (kind, payload)
-                    imported.update(names)
-                    if kind != OK:
-                        for other in children:
-                            if not other.done:
-                                other.kill()
+        while not ranks.done:
+            ready, _, _ = select.select(ranks.fds(), [], [])
+            ranks.read(ready)
+            if ranks.failed:
+                ranks.kill_rest()
     except BaseException:
-        for child in children:
-            if not child.done:
-                child.kill()
+        ranks.kill_rest()
         raise
-    learn_imports(sorted(imported))
-    return [o if o is not None else (CANCELLED, None) for o in outcomes]
+    learn_imports(sorted(ranks.imported))
+    return ranks.results()
 
 
 def rank0_or_raise(outcomes: Sequence[tuple[str, Any]], pickler: Any, *, order: Sequence[int] = ()) -> Any:

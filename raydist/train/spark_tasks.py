@@ -158,7 +158,7 @@ def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env
     from pyspark import BarrierTaskContext, cloudpickle
 
     from raydist.engine.ports import free_port
-    from raydist.train._fork import CANCELLED, OK, fork_job, learn_imports
+    from raydist.train._fork import CANCELLED, Ranks, fork_job, fork_unsafe, learn_imports, spawn_job
 
     ctx = BarrierTaskContext.get()
     task = ctx.partitionId()
@@ -176,10 +176,18 @@ def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env
     own = dict(zip(mine, gpus, strict=False))  # each rank's own device, the first ones the task's ranks'
     placed = [Placed(f"task-{r // per_task}", (own[r],) if r in own else ()) for r in range(ranks)]
     layout = torchrun_layout(placed, use_gpu=use_gpu)
-    try:
-        import torch  # noqa: F401 - imported once in the (reused) Python worker, not in every rank
-    except ImportError:
-        pass
+    # Spark reuses its Python workers, for the user's own Spark work too: one
+    # that ran TensorFlow cannot be forked (the child inherits its runtime's
+    # threads dead), so its ranks start as fresh interpreters instead.
+    unsafe = fork_unsafe()
+    if unsafe:
+        print(f"[raydist: this Spark Python worker has imported {', '.join(unsafe)}, which a forked process "
+              "cannot use: ranks start as fresh interpreters]", file=sys.stderr, flush=True)
+    else:
+        try:
+            import torch  # noqa: F401 - imported once in the (reused) Python worker, not in every rank
+        except ImportError:
+            pass
     children, output = [], {}
     for rank in mine:
         rank_env = {**env, **own_env.get(rank, {}), **layout[rank], "MASTER_ADDR": master, "MASTER_PORT": port}
@@ -188,40 +196,35 @@ def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env
         if use_gpu and not gpus:
             rank_env.pop("CUDA_VISIBLE_DEVICES", None)  # Spark gave the task no GPUs: the executor's own
         read_end, write_end = os.pipe()
-        children.append(fork_job(functools.partial(_unpickled, payload), rank_env, pickler=cloudpickle,
-                                 output_fd=write_end))
+        if unsafe:
+            children.append(spawn_job(payload, rank_env, pickler="pyspark.cloudpickle", output_fd=write_end))
+        else:
+            children.append(fork_job(functools.partial(_unpickled, payload), rank_env, pickler=cloudpickle,
+                                     output_fd=write_end))
         os.close(write_end)
         output[read_end] = _Output(rank, sender)
-    outcomes: dict[int, tuple[str, Any]] = {}
-    ended: dict[int, float] = {}
-    imported: set[str] = set()
+    ranks_here = Ranks(children, cloudpickle)
     try:
         while True:
             deadline = time.monotonic() + ROUND_S
-            while (left := deadline - time.monotonic()) > 0 and any(not c.done for c in children):
-                watched = [c.fd for c in children if not c.done] + [fd for fd, o in output.items() if o.open]
+            while (left := deadline - time.monotonic()) > 0 and not ranks_here.done:
+                watched = ranks_here.fds() + [fd for fd, o in output.items() if o.open]
                 ready, _, _ = select.select(watched, [], [], left)
                 for fd in ready:
                     if fd in output:
                         output[fd].read(fd)
-                for rank, child in zip(mine, children, strict=True):
-                    if child.fd in ready and not child.done and child.read():
-                        kind, result, names = child.outcome(cloudpickle)
-                        outcomes[rank], ended[rank] = (kind, result), time.time()
-                        imported.update(names)
-            state = (_FAILED if any(kind != OK for kind, _ in outcomes.values())
-                     else _DONE if all(c.done for c in children) else _RUNNING)
+                ranks_here.read(ready)
+            state = _FAILED if ranks_here.failed else _DONE if ranks_here.done else _RUNNING
             states = ctx.allGather(state)
             if _FAILED in states or all(s == _DONE for s in states):
                 break
     finally:
-        for child in children:
-            if not child.done:
-                child.kill()
+        ranks_here.kill_rest()
         _drain(output)
-    learn_imports(sorted(imported))
+    learn_imports(sorted(ranks_here.imported))
     late = time.time()  # a killed rank ended after every failure that killed it
-    said = [(rank, *outcomes.get(rank, (CANCELLED, None)), ended.get(rank, late)) for rank in mine]
+    said = [(rank, *ranks_here.outcomes.get(index, (CANCELLED, None)), ranks_here.ended.get(index, late))
+            for index, rank in enumerate(mine)]
     said_out = {out.rank: out.text() for out in output.values()}
     return base64.b64encode(cloudpickle.dumps((said, said_out))).decode()
 

@@ -63,7 +63,19 @@ def keras3(epochs: int = 4) -> dict:
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
     history = model.fit(data, epochs=epochs, verbose=0)
-    return {"losses": [float(v) for v in history.history["loss"]], "keras": keras.__name__ + " " + keras.__version__}
+    return {"losses": [float(v) for v in history.history["loss"]], "keras": keras.__name__ + " " + keras.__version__,
+            "place": place()}
+
+
+def place() -> str:
+    """Where this rank ran: forked in a Spark task (its parent a Spark
+    Python worker) or in a Ray Train worker."""
+    import os
+
+    import psutil
+
+    parent = " ".join(psutil.Process(os.getppid()).cmdline())
+    return "ray" if "RayTrainWorker" in parent else "spark" if "pyspark" in parent else parent
 
 
 def tf_keras(epochs: int = 4) -> dict:
