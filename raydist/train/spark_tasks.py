@@ -15,7 +15,9 @@ torchrun's (on a classic session; from a Connect client, when the run ends:
 
 In each task the Spark Python worker forks one child per rank
 (:mod:`raydist.train._fork`), after importing ``torch`` itself: Spark reuses
-its Python workers, so a later run's ranks fork from a process that has.
+its Python workers, so a later run's ranks fork from a process that has. A
+worker that ran TensorFlow (the user's own Spark work) cannot be forked
+safely: its ranks start as fresh interpreters.
 
 The tasks agree on how the run ends through the barrier itself
 (``allGather`` every :data:`ROUND_S`): when a rank fails anywhere, every task
