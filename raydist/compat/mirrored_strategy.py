@@ -37,7 +37,7 @@ def _strategy_rank(fn: Callable[..., Any], kwargs: dict[str, Any], custom: bool)
     """One rank of a run in Spark's tasks: Keras 2 under both names, as a Ray
     Train worker of :class:`~raydist.train.tensorflow.TensorflowTrainer` has."""
     def run() -> Any:
-        from raydist.train._keras2 import use_keras2_everywhere
+        from raydist.train.runtime import use_keras2_everywhere
 
         use_keras2_everywhere()
         return _run_program(fn, kwargs, custom)

@@ -175,7 +175,12 @@ class TorchDistributor:
                 if self.keep_warm_s == 0:
                     local.close()
         resources = self._rank_resources()
-        spark = session.spark_for_run(ranks=self.num_processes, needs_ray=self._needs_ray(inputs),
+        from raydist.train.runtime import spark_gives_tasks_gpus
+
+        # GPUs Spark hands no task (no spark.task.resource.gpu.amount, where
+        # pyspark's run fails): Ray's nodes take the executors' GPUs.
+        needs_ray = self._needs_ray(inputs) or (self.use_gpu and not spark_gives_tasks_gpus())
+        spark = session.spark_for_run(ranks=self.num_processes, needs_ray=needs_ray,
                                       per_task=self._ranks_per_task(), use_gpu=self.use_gpu)
         if spark is not None:
             return self._fit_in_spark_tasks(session, spark, job, resources, inputs)

@@ -53,6 +53,22 @@ def spark_task_resources() -> tuple[int, int]:
     return amount("spark.task.cpus"), amount("spark.task.resource.gpu.amount")
 
 
+def spark_gives_tasks_gpus() -> bool:
+    """Whether the active SparkSession hands its tasks GPUs
+    (``spark.task.resource.gpu.amount`` set above 0): a GPU run in Spark's
+    own tasks needs it, as pyspark's does; executors with GPUs and no task
+    amount are served on Ray, whose nodes take the executors' GPUs."""
+    from raydist.engine.spark import session as spark_side
+    from raydist.engine.spark.sides import side_of
+
+    spark = spark_side.active_session()
+    text = side_of(spark).conf("spark.task.resource.gpu.amount") if spark is not None else None
+    try:
+        return float(text or 0) > 0
+    except ValueError:
+        return False
+
+
 def driver_gpus() -> list[str] | None:
     """The GPUs Spark gave the driver of the active classic SparkSession
     (``spark.driver.resource.gpu.*``), as CUDA device ids of this process

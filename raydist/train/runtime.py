@@ -12,7 +12,7 @@ from raydist.train._env import scoped_env
 from raydist.train._inputs import RankInputs
 from raydist.train._keras2 import use_keras2_everywhere
 from raydist.train._mlflow import tracked_run
-from raydist.train._resources import driver_gpus, run_shape, spark_task_resources
+from raydist.train._resources import driver_gpus, run_shape, spark_gives_tasks_gpus, spark_task_resources
 from raydist.train._signals import keyboard_interrupts
 from raydist.train._torchrun import TorchrunTrainer
 from raydist.train.session import DEFAULT_KEEP_WARM_S, TrainingSession, training_session
@@ -30,6 +30,7 @@ __all__ = [
     "run_in_spark_tasks",
     "run_shape",
     "scoped_env",
+    "spark_gives_tasks_gpus",
     "spark_task_resources",
     "tracked_run",
     "training_session",
