@@ -124,8 +124,8 @@ class MirroredStrategyRunner:
 
     def _needs_ray(self) -> bool:
         """Whether only Ray serves this run: a cluster named, lost workers to
-        survive, or GPUs (on Ray until their layout in Spark's tasks is
-        proven on Spark's GPU scheduling)."""
+        survive, or GPUs (spark-tensorflow-distributor gives each worker its
+        whole task's GPUs; a rank in Spark's tasks here sees one)."""
         return self.cluster is not None or self.max_failures != 0 or self.use_gpu
 
     def _spark_for_run(self) -> Any:
