@@ -152,6 +152,7 @@ class MirroredStrategyRunner:
                                                             warm_workers=False, keep_warm_s=0.0, spark=spark):
             return run_in_spark_tasks(mlflow.wrap(job) if mlflow is not None else job, spark=spark,
                                       ranks=self.num_slots, env=KERAS_ENV, peers_env=_tf_config,
+                                      preload=(),  # its ranks import TensorFlow, not torch
                                       description=f"raydist: {type(self).__name__}'s ranks")
 
     def _run_on_ray(self, train_fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
+import importlib
 import json
 import os
 import select
@@ -78,6 +79,7 @@ def run_in_spark_tasks(
     group: str = "",
     description: str = "raydist: training ranks",
     peers_env: PeersEnv | None = None,
+    preload: tuple[str, ...] = ("torch",),
 ) -> Any:
     """Run ``job()`` in ``ranks`` processes, ``per_task`` to a task of one
     barrier stage on ``spark`` (classic or Connect); rank 0's value.
@@ -88,8 +90,11 @@ def run_in_spark_tasks(
     in the rank's task as on Ray. ``peers_env``: for frameworks that dial
     every peer rather than rank 0 (TensorFlow's ``TF_CONFIG``), each rank's
     added environment from every rank's ``host:port`` (a port free on the
-    rank's host, in rank order) and its own rank. ``group`` labels the Spark
-    job, so that cancelling it ends the run. The tasks take Spark's default task resources, as
+    rank's host, in rank order) and its own rank. ``preload``: modules each
+    task's Python worker imports before it forks the ranks (Spark reuses the
+    worker: later runs' ranks start with them); none that makes forking
+    unsafe (TensorFlow). ``group`` labels the Spark job, so that cancelling
+    it ends the run. The tasks take Spark's default task resources, as
     pyspark's distributors' do; a GPU run's ranks share their task's GPUs.
     """
     from pyspark import cloudpickle
@@ -102,7 +107,8 @@ def run_in_spark_tasks(
     with streamed_output(side) as where:
         body = functools.partial(_task_body, cloudpickle.dumps(job), ranks, per_task, use_gpu, dict(env or {}),
                                  cloudpickle.dumps(inputs) if inputs is not None else b"",
-                                 cloudpickle.dumps(peers_env) if peers_env is not None else b"", where)
+                                 cloudpickle.dumps(peers_env) if peers_env is not None else b"", where,
+                                 preload)
         try:
             said = side.run_tasks(body, len(task_ranks(ranks, per_task)), group=group, description=description,
                                   barrier=True)
@@ -129,7 +135,8 @@ def run_in_spark_tasks(
 
 
 def _task_body(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env: dict[str, str],
-               inputs: bytes = b"", peers: bytes = b"", output_to: Where | None = None) -> str:
+               inputs: bytes = b"", peers: bytes = b"", output_to: Where | None = None,
+               preload: tuple[str, ...] = ()) -> str:
     """One task of the stage: fork this task's ranks, wait with the other
     tasks for the run to end, and say each rank's outcome."""
     from pyspark import cloudpickle
@@ -143,7 +150,7 @@ def _task_body(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env: di
                 own_env[rank] = dict(rank_inputs.stage(rank_inputs.values[rank], where))
         sender = staged.enter_context(contextlib.closing(OutputSender(output_to))) if output_to else None
         return _ranks_in_task(payload, ranks, per_task, use_gpu, env, own_env,
-                              cloudpickle.loads(peers) if peers else None, sender)
+                              cloudpickle.loads(peers) if peers else None, sender, preload)
 
 
 def _partition() -> int:
@@ -154,7 +161,7 @@ def _partition() -> int:
 
 def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env: dict[str, str],
                    own_env: dict[int, dict[str, str]], peers_env: PeersEnv | None = None,
-                   sender: OutputSender | None = None) -> str:
+                   sender: OutputSender | None = None, preload: tuple[str, ...] = ()) -> str:
     """:func:`_task_body` once each rank's input is staged (``own_env``: the
     variables that say where)."""
     from pyspark import BarrierTaskContext, cloudpickle
@@ -186,10 +193,11 @@ def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env
         print(f"[raydist: this Spark Python worker has imported {', '.join(unsafe)}, which a forked process "
               "cannot use: ranks start as fresh interpreters]", file=sys.stderr, flush=True)
     else:
-        try:
-            import torch  # noqa: F401 - imported once in the (reused) Python worker, not in every rank
-        except ImportError:
-            pass
+        for name in preload:  # once in the (reused) Python worker, not in every rank
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass
     children, output = [], {}
     for rank in mine:
         rank_env = {**env, **own_env.get(rank, {}), **layout[rank], "MASTER_ADDR": master, "MASTER_PORT": port}
