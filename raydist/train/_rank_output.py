@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import os
 import secrets
 import select
 import socket
@@ -41,8 +42,6 @@ _KEY_BYTES = 16
 #: How long a task waits for the driver to take its connection or a chunk
 #: before it stops streaming (its ranks' output then comes at the end).
 SEND_TIMEOUT_S = 5.0
-#: How often the server's accepting thread looks for a close.
-_LOOK_S = 0.2
 #: The longest a run's end waits for its tasks' last output (an interrupted
 #: run's tasks may still be ending).
 _DRAIN_S = 2.0
@@ -62,6 +61,7 @@ class OutputServer:
         self._readers: list[threading.Thread] = []
         self._closed = False
         self._stopping = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()  # close() wakes the accepting thread at once
         self._acceptor = spawn(self._accept, name="raydist-rank-output")
 
     def _accept(self) -> None:
@@ -69,11 +69,12 @@ class OutputServer:
         the backlog (a short run's tasks may have dialed just before)."""
         while True:
             stopping = self._stopping.is_set()
-            ready, _, _ = select.select([self._sock], [], [], 0 if stopping else _LOOK_S)
-            if not ready:
+            ready, _, _ = select.select([self._sock] if stopping else [self._sock, self._wake_r], [], [],
+                                        0 if stopping else None)
+            if self._sock not in ready:
                 if stopping:
                     return
-                continue
+                continue  # woken by close(): one last look at the backlog
             conn, _ = self._sock.accept()
             reader = spawn(self._read, conn, name="raydist-rank-output-reader")
             with self._lock:
@@ -108,8 +109,11 @@ class OutputServer:
         """Stop listening; wait briefly for what is under way to be read,
         then print each rank's unfinished line."""
         self._stopping.set()
-        self._acceptor.join(timeout=2 * _LOOK_S)
+        os.write(self._wake_w, b"x")
+        self._acceptor.join(timeout=_DRAIN_S)
         self._sock.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
         with self._lock:
             readers = list(self._readers)
         deadline = time.monotonic() + _DRAIN_S
