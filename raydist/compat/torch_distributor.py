@@ -180,10 +180,11 @@ class TorchDistributor:
         # GPUs Spark hands no task (no spark.task.resource.gpu.amount, where
         # pyspark's run fails): Ray's nodes take the executors' GPUs.
         needs_ray = self._needs_ray(inputs) or (self.use_gpu and not spark_gives_tasks_gpus())
-        spark = session.spark_for_run(ranks=self.num_processes, needs_ray=needs_ray,
-                                      per_task=self._ranks_per_task(), use_gpu=self.use_gpu)
+        per_task = self._ranks_per_task()
+        spark = session.spark_for_run(ranks=self.num_processes, needs_ray=needs_ray, per_task=per_task,
+                                      use_gpu=self.use_gpu)
         if spark is not None:
-            return self._fit_in_spark_tasks(session, spark, job, resources, inputs)
+            return self._fit_in_spark_tasks(session, spark, job, resources, inputs, per_task)
         if self._warm_capable and self.keep_warm_s > 0:
             return self._fit_warm(session, job, resources, inputs)
         return self._fit_fresh(job, resources, inputs)
@@ -203,7 +204,7 @@ class TorchDistributor:
         return spark_task_resources()[1] if self.use_gpu else 1
 
     def _fit_in_spark_tasks(self, session: Any, spark: Any, job: Callable[[], Any],
-                            resources: dict[str, float], inputs: RankInputs | None) -> Any:
+                            resources: dict[str, float], inputs: RankInputs | None, per_task: int) -> Any:
         """The run in one barrier stage of ``spark``'s tasks, as pyspark's
         own runs it; the session cluster warms up for the next run when runs
         pause (:mod:`raydist.train.session_spark_runs`)."""
@@ -212,7 +213,7 @@ class TorchDistributor:
         want = run_shape(self.num_processes, resources, self.use_gpu)
         with session.spark_tasks_run(want, resources, warm_workers=self._warm_capable,
                                      keep_warm_s=self.keep_warm_s, spark=spark):
-            return run_in_spark_tasks(job, spark=spark, ranks=self.num_processes, per_task=self._ranks_per_task(),
+            return run_in_spark_tasks(job, spark=spark, ranks=self.num_processes, per_task=per_task,
                                       use_gpu=self.use_gpu, inputs=inputs,
                                       description=f"raydist: {type(self).__name__}'s ranks")
 
