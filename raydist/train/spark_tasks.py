@@ -14,8 +14,9 @@ torchrun's (on a classic session; from a Connect client, when the run ends:
 :mod:`raydist.train._rank_output`).
 
 In each task the Spark Python worker forks one child per rank
-(:mod:`raydist.train._fork`), after importing ``torch`` itself: Spark reuses
-its Python workers, so a later run's ranks fork from a process that has. A
+(:mod:`raydist.train._fork`), after importing the run's ``preload`` (torch)
+itself: Spark reuses its Python workers, so a later run's ranks fork from a
+process that has. A
 worker that ran TensorFlow (the user's own Spark work) cannot be forked
 safely: its ranks start as fresh interpreters.
 
@@ -167,7 +168,7 @@ def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env
     from pyspark import BarrierTaskContext, cloudpickle
 
     from raydist.engine.ports import free_port
-    from raydist.train._fork import CANCELLED, Ranks, fork_job, fork_unsafe, learn_imports, spawn_job
+    from raydist.train._fork import Ranks, fork_job, fork_unsafe, learn_imports, spawn_job
 
     ctx = BarrierTaskContext.get()
     task = ctx.partitionId()
@@ -233,8 +234,8 @@ def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env
         _drain(output)
     learn_imports(sorted(ranks_here.imported))
     late = time.time()  # a killed rank ended after every failure that killed it
-    said = [(rank, *ranks_here.outcomes.get(index, (CANCELLED, None)), ranks_here.ended.get(index, late))
-            for index, rank in enumerate(mine)]
+    said = [(rank, *outcome, ranks_here.ended.get(index, late))
+            for index, (rank, outcome) in enumerate(zip(mine, ranks_here.results(), strict=True))]
     said_out = {out.rank: out.text() for out in output.values()}
     return base64.b64encode(cloudpickle.dumps((said, said_out))).decode()
 
