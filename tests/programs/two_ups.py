@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import ray
+from _ray_client import init_through_ray_client
 from pyspark.sql import SparkSession
 
 import raydist
@@ -22,16 +23,10 @@ spark.sparkContext.setLogLevel("ERROR")
 
 def reached(*args) -> str:
     """ray.init(*args) as a user writes it; the GCS it reached."""
-    for attempt in range(3):
-        try:
-            ray.init(*args)
-            break
-        except ConnectionAbortedError as e:
-            # Ray Client's proxy sometimes loses the server it just forked (an
-            # upstream flake, see tests/probe.py): a user retries, and so do we.
-            if attempt == 2 or "ray://" not in str(args):
-                raise
-            print(f"retrying Ray Client: {e}", file=sys.stderr)
+    if args and args[0].startswith("ray://"):
+        init_through_ray_client(args[0])
+    else:
+        ray.init(*args)
     try:
         return ray.get_runtime_context().gcs_address
     finally:
@@ -64,7 +59,7 @@ out["plain_init_after_c2_down"] = reached()
 out["subprocess_after_c2_down"] = in_subprocess()
 
 # Over Ray Client this time, then c1 goes.
-ray.init(c1.client_address)
+init_through_ray_client(c1.client_address)
 c1.down()
 out["connected_after_c1_down"] = ray.is_initialized()
 out["env_changed"] = sorted(k for k in set(env_before) | set(os.environ) if env_before.get(k) != os.environ.get(k))
