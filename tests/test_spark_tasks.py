@@ -3,6 +3,7 @@ on the suite's real local-cluster: two executors, one slot each."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -168,3 +169,34 @@ def test_task_ranks_splits_the_world_into_tasks() -> None:
     assert task_ranks(4, 2) == [range(0, 2), range(2, 4)]
     assert task_ranks(3, 2) == [range(0, 2), range(2, 3)]
     assert task_ranks(2, 1) == [range(0, 1), range(1, 2)]
+
+
+def test_a_run_over_a_dataframe_reads_each_partition_in_its_own_task(spark) -> None:
+    """pyspark's ``_train_on_dataframe`` contract in Spark's tasks: the stage
+    runs over the DataFrame itself, rank ``i`` reading partition ``i``
+    through pyspark's own loader; pyspark's refusals, with its messages,
+    and no rank started by a refused run."""
+    from pyspark import cloudpickle
+
+    import tests.train_fns as train_fns
+    from raydist.compat._dataframe import frame_inputs
+
+    cloudpickle.register_pickle_by_value(train_fns)
+    rows = [(float(i % 2), [float(i), float(-i)]) for i in range(10)]
+    schema = "label double, features array<double>"
+    df = spark.createDataFrame(spark.sparkContext.parallelize(rows, 2), schema)  # rows 0-4, then 5-9
+    out = run_in_spark_tasks(functools.partial(train_fns.partition_probe_fn, 5), spark=spark, ranks=2,
+                             inputs=frame_inputs(df, 2))
+    seen = {r["rank"]: r for r in out["ranks"]}
+    assert seen[0]["rows"] == [[lab, f] for lab, f in rows[:5]]
+    assert seen[1]["rows"] == [[lab, f] for lab, f in rows[5:]]
+    assert all(r["files"] == ["data.arrow", "schema.json"] and r["files_exist"] for r in seen.values())
+
+    with pytest.raises(ValueError, match="requires setting num_processes equal to input spark dataframe partition"):
+        run_in_spark_tasks(functools.partial(train_fns.partition_probe_fn, 5), spark=spark, ranks=2,
+                           inputs=frame_inputs(spark.createDataFrame(spark.sparkContext.parallelize(rows, 1), schema),
+                                               2))
+    with pytest.raises(ValueError, match="Empty Spark partition is not allowed"):
+        run_in_spark_tasks(functools.partial(train_fns.partition_probe_fn, 5), spark=spark, ranks=2,
+                           inputs=frame_inputs(spark.createDataFrame(spark.sparkContext.parallelize(rows[:1], 2),
+                                                                     schema), 2))

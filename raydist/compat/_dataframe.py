@@ -10,6 +10,11 @@ pyspark's task would have written) before any training slot is taken; rank
 ``i`` gets partition ``i`` through Ray's object store
 (:mod:`raydist.train._inputs`), and its worker writes the two files on its
 own disk just before the function runs, with the same variables naming them.
+
+That is the way of a run on Ray. A run in Spark's own tasks (the default
+while the session cluster is not warm) needs no driver in between: its
+barrier stage runs over the DataFrame itself, as pyspark's does, and each
+task writes the partition Spark computed there (:func:`frame_inputs`).
 """
 
 from __future__ import annotations
@@ -20,9 +25,10 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from raydist.train.runtime import RankInputs
+from raydist.train.runtime import FrameInputs, RankInputs
 
-__all__ = ["partition_inputs", "DATA_FILE_ENV", "SCHEMA_FILE_ENV", "PARTITIONS_MISMATCH", "EMPTY_PARTITION"]
+__all__ = ["frame_inputs", "partition_inputs", "DATA_FILE_ENV", "SCHEMA_FILE_ENV", "PARTITIONS_MISMATCH",
+           "EMPTY_PARTITION"]
 
 #: pyspark's names (``pyspark.ml.torch.distributor``).
 DATA_FILE_ENV = "SPARK_PARTITION_ARROW_DATA_FILE"
@@ -52,13 +58,20 @@ def partition_inputs(df: Any, num_processes: int) -> RankInputs:
     return RankInputs([data for _, data in streams], functools.partial(_stage_partition, schema))
 
 
-def _partition_stream(batches: Iterator[Any]) -> Iterator[Any]:
-    """In a Spark task: the partition's batches as one Arrow stream (what
-    pyspark's ``ArrowStreamSerializer.dump_stream`` writes), one row."""
-    import pyarrow as pa
-    from pyspark import TaskContext
+def frame_inputs(df: Any, num_processes: int) -> FrameInputs:
+    """``df``'s partitions as the ranks' inputs, read where each run reads
+    them: in its own Spark task, or collected for a run on Ray. The same
+    refusals as :func:`partition_inputs`, raised in the task."""
+    schema = json.dumps(df.schema.jsonValue())
+    return FrameInputs(df, functools.partial(_stage_batches, schema, num_processes),
+                       functools.partial(partition_inputs, df, num_processes))
 
-    sink = pa.BufferOutputStream()
+
+def _write_stream(batches: Iterator[Any], sink: Any) -> None:
+    """The batches as one Arrow stream (what pyspark's
+    ``ArrowStreamSerializer.dump_stream`` writes): nothing for none."""
+    import pyarrow as pa
+
     writer = None
     for batch in batches:
         if writer is None:
@@ -66,6 +79,32 @@ def _partition_stream(batches: Iterator[Any]) -> Iterator[Any]:
         writer.write_batch(batch)
     if writer is not None:
         writer.close()
+
+
+def _stage_batches(schema_json: str, num_processes: int, batches: Iterator[Any], where: str, partition: int,
+                   partitions: int) -> Mapping[str, str]:
+    """In a Spark task of a run over the DataFrame: the two files pyspark's
+    task writes, from the partition Spark computed here."""
+    if partitions != num_processes:
+        raise ValueError(PARTITIONS_MISMATCH)
+    data_path = os.path.join(where, "data.arrow")
+    with open(data_path, "wb") as f:
+        _write_stream(batches, f)
+        if f.tell() == 0:
+            raise ValueError(EMPTY_PARTITION)
+    schema_path = os.path.join(where, "schema.json")
+    with open(schema_path, "w", encoding="utf-8") as f:
+        f.write(schema_json)
+    return {DATA_FILE_ENV: data_path, SCHEMA_FILE_ENV: schema_path}
+
+
+def _partition_stream(batches: Iterator[Any]) -> Iterator[Any]:
+    """In a Spark task: the partition's batches as one Arrow stream, one row."""
+    import pyarrow as pa
+    from pyspark import TaskContext
+
+    sink = pa.BufferOutputStream()
+    _write_stream(batches, sink)
     part = TaskContext.get().partitionId()
     yield pa.RecordBatch.from_pydict(
         {"part": [part], "data": [sink.getvalue().to_pybytes()]},

@@ -10,7 +10,7 @@ from typing import Any
 
 from raydist.compat._jobs import ArgvJob, function_job, plain, script_job
 from raydist.errors import TrainingConfigError
-from raydist.train.runtime import DEFAULT_KEEP_WARM_S, RankInputs
+from raydist.train.runtime import DEFAULT_KEEP_WARM_S, FrameInputs, RankInputs
 
 __all__ = ["TorchDistributor"]
 
@@ -121,11 +121,13 @@ class TorchDistributor:
         ``num_processes`` partitions, none empty, and ``local_mode`` must be
         False (each a ValueError with pyspark's message).
 
-        The partitions are read in one Spark job before the run takes its
-        slots, and reach each rank through Ray's object store
-        (:mod:`raydist.compat._dataframe`), so the run itself is a run like
-        any other: on the warm session cluster, kept between fits."""
-        from raydist.compat._dataframe import partition_inputs
+        A run in Spark's tasks runs over the DataFrame itself, as pyspark's
+        does: each task writes the partition Spark computed there, and no row
+        passes through this process. A run on the warm session cluster reads
+        the partitions in one Spark job before it takes its slots, and each
+        reaches its rank through Ray's object store
+        (:mod:`raydist.compat._dataframe`)."""
+        from raydist.compat._dataframe import frame_inputs
 
         if self.local_mode:
             raise ValueError(
@@ -133,7 +135,7 @@ class TorchDistributor:
             )
         if not callable(train_function):
             raise TrainingConfigError("train_function", train_function, "expected a function, as in pyspark")
-        inputs = partition_inputs(spark_dataframe, self.num_processes)
+        inputs = frame_inputs(spark_dataframe, self.num_processes)
         return self._fit(plain(self._job(train_function, args, kwargs)), inputs)
 
     def _job(self, train_object: Callable[..., Any] | str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ArgvJob:
@@ -151,7 +153,7 @@ class TorchDistributor:
             return function_job(train_object, args, kwargs)
         raise TrainingConfigError("train_object", train_object, "expected a function or a script path")
 
-    def _fit(self, job: Callable[[], Any], inputs: RankInputs | None = None, kind: str = "") -> Any:
+    def _fit(self, job: Callable[[], Any], inputs: RankInputs | FrameInputs | None = None, kind: str = "") -> Any:
         """Run ``job()`` in every process with torchrun's environment set
         (and its own of ``inputs``, on Ray); rank 0's return value. Every
         process gets the driver's MLflow context (:mod:`raydist.train._mlflow`);
@@ -162,7 +164,7 @@ class TorchDistributor:
                                                 self.use_gpu) as mlflow:
             return self._fit_where(mlflow.wrap(job) if mlflow is not None else job, inputs)
 
-    def _fit_where(self, job: Callable[[], Any], inputs: RankInputs | None = None) -> Any:
+    def _fit_where(self, job: Callable[[], Any], inputs: RankInputs | FrameInputs | None = None) -> Any:
         from raydist.train.runtime import training_session
 
         session = training_session()
@@ -177,23 +179,28 @@ class TorchDistributor:
         resources = self._rank_resources()
         from raydist.train.runtime import spark_gives_tasks_gpus
 
+        per_task = self._ranks_per_task()
+        if isinstance(inputs, FrameInputs) and per_task != 1:
+            inputs = inputs.collect()  # a Spark task's one partition cannot feed its several ranks
         # GPUs Spark hands no task (no spark.task.resource.gpu.amount, where
         # pyspark's run fails): Ray's nodes take the executors' GPUs.
         needs_ray = self._needs_ray(inputs) or (self.use_gpu and not spark_gives_tasks_gpus())
-        per_task = self._ranks_per_task()
         spark = session.spark_for_run(ranks=self.num_processes, needs_ray=needs_ray, per_task=per_task,
                                       use_gpu=self.use_gpu)
         if spark is not None:
             return self._fit_in_spark_tasks(session, spark, job, resources, inputs, per_task)
+        if isinstance(inputs, FrameInputs):
+            inputs = inputs.collect()  # on Ray: through the object store
         if self._warm_capable and self.keep_warm_s > 0:
             return self._fit_warm(session, job, resources, inputs)
         return self._fit_fresh(job, resources, inputs)
 
-    def _needs_ray(self, inputs: RankInputs | None) -> bool:
+    def _needs_ray(self, inputs: RankInputs | FrameInputs | None) -> bool:
         """Whether only Ray serves this run: a cluster named, lost workers to
         survive, or ranks' data too big to travel with a Spark stage (it goes
-        through Ray's object store)."""
-        return self.cluster is not None or self.max_failures != 0 or (inputs is not None and not _small(inputs))
+        through Ray's object store; a DataFrame's stays in Spark's tasks)."""
+        big = isinstance(inputs, RankInputs) and not _small(inputs)
+        return self.cluster is not None or self.max_failures != 0 or big
 
     def _ranks_per_task(self) -> int:
         """A run's ranks to one Spark task, as pyspark lays them out: one a
@@ -204,7 +211,8 @@ class TorchDistributor:
         return spark_task_resources()[1] if self.use_gpu else 1
 
     def _fit_in_spark_tasks(self, session: Any, spark: Any, job: Callable[[], Any],
-                            resources: dict[str, float], inputs: RankInputs | None, per_task: int) -> Any:
+                            resources: dict[str, float], inputs: RankInputs | FrameInputs | None,
+                            per_task: int) -> Any:
         """The run in one barrier stage of ``spark``'s tasks, as pyspark's
         own runs it; the session cluster warms up for the next run when runs
         pause (:mod:`raydist.train.session_spark_runs`)."""

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RankInputs", "PutInputs", "staged"]
+__all__ = ["FrameInputs", "FrameStager", "RankInputs", "PutInputs", "staged"]
 
 #: ``stage(value, directory) -> environment``: write a rank's value where its
 #: job reads it; the variables that tell the job where.
@@ -41,6 +41,26 @@ class RankInputs:
         import ray
 
         return PutInputs([ray.put(v) for v in self.values], self.stage)
+
+
+#: ``stage(batches, directory, partition, partitions) -> environment``: in a
+#: Spark task, write its partition's Arrow batches where the rank's job reads
+#: them (raising what the caller's contract raises for a partition that will
+#: not do: the wrong number of them, an empty one).
+FrameStager = Callable[[Iterator[Any], str, int, int], Mapping[str, str]]
+
+
+@dataclass(frozen=True)
+class FrameInputs:
+    """A DataFrame's partitions as the ranks' inputs, partition ``i`` to rank
+    ``i``. A run in Spark's tasks runs over the DataFrame itself, each task
+    staging the partition Spark computed there (no row passes through the
+    driver, as in pyspark's ``_train_on_dataframe``); a run on Ray takes
+    :meth:`collect`'s :class:`RankInputs`."""
+
+    df: Any
+    stage: FrameStager
+    collect: Callable[[], RankInputs]
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ says exactly what the compat layer relies on.
 from __future__ import annotations
 
 from raydist.train._env import scoped_env
-from raydist.train._inputs import RankInputs
+from raydist.train._inputs import FrameInputs, RankInputs
 from raydist.train._keras2 import use_keras2_everywhere
 from raydist.train._mlflow import tracked_run
 from raydist.train._resources import driver_gpus, run_shape, spark_gives_tasks_gpus, spark_task_resources
@@ -21,6 +21,7 @@ from raydist.train.spark_tasks import run_in_spark_tasks
 
 __all__ = [
     "DEFAULT_KEEP_WARM_S",
+    "FrameInputs",
     "RankInputs",
     "TorchrunTrainer",
     "TrainingSession",

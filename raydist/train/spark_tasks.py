@@ -40,10 +40,10 @@ import select
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from raydist.train._inputs import RankInputs
+from raydist.train._inputs import FrameInputs, RankInputs
 from raydist.train._layout import Placed, torchrun_layout
 from raydist.train._rank_output import OutputSender, Where, streamed_output
 
@@ -76,7 +76,7 @@ def run_in_spark_tasks(
     per_task: int = 1,
     use_gpu: bool = False,
     env: dict[str, str] | None = None,
-    inputs: RankInputs | None = None,
+    inputs: RankInputs | FrameInputs | None = None,
     group: str = "",
     description: str = "raydist: training ranks",
     peers_env: PeersEnv | None = None,
@@ -88,7 +88,8 @@ def run_in_spark_tasks(
     ``env`` is added to every rank's environment (over the executor's own,
     under the layout's). ``inputs``: each rank's own, travelling with the
     stage (keep them small: every task gets the stage's closure) and staged
-    in the rank's task as on Ray. ``peers_env``: for frameworks that dial
+    in the rank's task as on Ray; or a DataFrame's partitions, one a rank
+    (one rank a task), the stage then running over the DataFrame itself. ``peers_env``: for frameworks that dial
     every peer rather than rank 0 (TensorFlow's ``TF_CONFIG``), each rank's
     added environment from every rank's ``host:port`` (a port free on the
     rank's host, in rank order) and its own rank. ``preload``: modules each
@@ -101,18 +102,24 @@ def run_in_spark_tasks(
     from pyspark import cloudpickle
 
     from raydist.engine.spark.sides import side_of
-    from raydist.train._fork import rank0_or_raise
+    from raydist.train._fork import CANCELLED, rank0_or_raise
 
+    frame = inputs if isinstance(inputs, FrameInputs) else None
+    if frame is not None and per_task != 1:
+        inputs, frame = frame.collect(), None  # a task's one partition cannot feed several ranks
     side = side_of(spark)
     group = group or f"raydist-ranks-{os.getpid()}-{time.monotonic_ns()}"
     with streamed_output(side) as where:
         body = functools.partial(_task_body, cloudpickle.dumps(job), ranks, per_task, use_gpu, dict(env or {}),
-                                 cloudpickle.dumps(inputs) if inputs is not None else b"",
+                                 cloudpickle.dumps(inputs) if isinstance(inputs, RankInputs) else b"",
                                  cloudpickle.dumps(peers_env) if peers_env is not None else b"", where,
-                                 preload)
+                                 preload, cloudpickle.dumps(frame.stage) if frame is not None else b"")
         try:
-            said = side.run_tasks(body, len(task_ranks(ranks, per_task)), group=group, description=description,
-                                  barrier=True)
+            if frame is not None:
+                said = side.run_over(frame.df, body, group=group, description=description)
+            else:
+                said = side.run_tasks(body, len(task_ranks(ranks, per_task)), group=group,
+                                      description=description, barrier=True)
         except BaseException:
             side.cancel(group=group)  # an interrupted run: its tasks (and their ranks) end too
             raise
@@ -129,7 +136,9 @@ def run_in_spark_tasks(
             sys.stdout.write(printed[rank] if printed[rank].endswith("\n") else printed[rank] + "\n")
     sys.stdout.flush()
     # The rank that failed first, not one that failed because it did.
-    return rank0_or_raise([outcomes[r] for r in range(ranks)], cloudpickle, order=sorted(ended, key=ended.get))
+    # (A rank no task ran, of a DataFrame with too few partitions, was cancelled by the refusal.)
+    return rank0_or_raise([outcomes.get(r, (CANCELLED, None)) for r in range(ranks)], cloudpickle,
+                          order=sorted(ended, key=ended.get))
 
 
 # ------------------------------------------------------------- in a task
@@ -137,34 +146,39 @@ def run_in_spark_tasks(
 
 def _task_body(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env: dict[str, str],
                inputs: bytes = b"", peers: bytes = b"", output_to: Where | None = None,
-               preload: tuple[str, ...] = ()) -> str:
+               preload: tuple[str, ...] = (), frame: bytes = b"", batches: Iterator[Any] | None = None) -> str:
     """One task of the stage: fork this task's ranks, wait with the other
-    tasks for the run to end, and say each rank's outcome."""
-    from pyspark import cloudpickle
+    tasks for the run to end, and say each rank's outcome. ``frame``: the
+    stager of a run over a DataFrame, whose partition here is ``batches``."""
+    from pyspark import BarrierTaskContext, cloudpickle
 
+    ctx = BarrierTaskContext.get()
+    task = ctx.partitionId()
     rank_inputs: RankInputs | None = cloudpickle.loads(inputs) if inputs else None
     with contextlib.ExitStack() as staged:
-        own_env = {}
+        own_env, refused = {}, None
         if rank_inputs is not None:
-            for rank in task_ranks(ranks, per_task)[_partition()]:
+            for rank in task_ranks(ranks, per_task)[task]:
                 where = staged.enter_context(tempfile.TemporaryDirectory(prefix=f"raydist-rank{rank}-"))
                 own_env[rank] = dict(rank_inputs.stage(rank_inputs.values[rank], where))
+        if frame:
+            where = staged.enter_context(tempfile.TemporaryDirectory(prefix=f"raydist-rank{task}-"))
+            try:
+                own_env[task] = dict(cloudpickle.loads(frame)(batches, where, task, len(ctx.getTaskInfos())))
+            except Exception as exc:  # noqa: BLE001 - the partition will not do: the run's error, said by all
+                refused = exc
         sender = staged.enter_context(contextlib.closing(OutputSender(output_to))) if output_to else None
         return _ranks_in_task(payload, ranks, per_task, use_gpu, env, own_env,
-                              cloudpickle.loads(peers) if peers else None, sender, preload)
-
-
-def _partition() -> int:
-    from pyspark import BarrierTaskContext
-
-    return BarrierTaskContext.get().partitionId()
+                              cloudpickle.loads(peers) if peers else None, sender, preload, refused)
 
 
 def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env: dict[str, str],
                    own_env: dict[int, dict[str, str]], peers_env: PeersEnv | None = None,
-                   sender: OutputSender | None = None, preload: tuple[str, ...] = ()) -> str:
+                   sender: OutputSender | None = None, preload: tuple[str, ...] = (),
+                   refused: BaseException | None = None) -> str:
     """:func:`_task_body` once each rank's input is staged (``own_env``: the
-    variables that say where)."""
+    variables that say where). ``refused``: why this task's input will not
+    do; when any task has such a reason, no rank runs anywhere."""
     from pyspark import BarrierTaskContext, cloudpickle
 
     from raydist.engine.ports import free_port
@@ -172,7 +186,8 @@ def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env
 
     ctx = BarrierTaskContext.get()
     task = ctx.partitionId()
-    mine = task_ranks(ranks, per_task)[task]
+    groups = task_ranks(ranks, per_task)
+    mine = groups[task] if task < len(groups) else range(0)  # a task past the ranks: refused below
     infos = ctx.getTaskInfos()
     master, host = infos[0].address.rsplit(":", 1)[0], infos[task].address.rsplit(":", 1)[0]
     taken: set[int] = set()
@@ -180,7 +195,9 @@ def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env
     # One round of the barrier: rank 0's port, and each rank's own where peers dial each other.
     said = [json.loads(s) for s in ctx.allGather(json.dumps({
         "master_port": str(free_port(master)) if task == 0 else "",
-        "peers": [f"{host}:{p}" for p in own_ports]}))]
+        "peers": [f"{host}:{p}" for p in own_ports], "refused": refused is not None}))]
+    if any(one["refused"] for one in said):
+        return _refusal(mine, refused, cloudpickle)
     port, peers = said[0]["master_port"], [address for one in said for address in one["peers"]]
     gpus = _task_gpus(ctx) if use_gpu else []
     own = dict(zip(mine, gpus, strict=False))  # each rank's own device, the first ones the task's ranks'
@@ -238,6 +255,22 @@ def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env
             for index, (rank, outcome) in enumerate(zip(mine, ranks_here.results(), strict=True))]
     said_out = {out.rank: out.text() for out in output.values()}
     return base64.b64encode(cloudpickle.dumps((said, said_out))).decode()
+
+
+def _refusal(mine: range, refused: BaseException | None, pickler: Any) -> str:
+    """What a task of a refused run says: its own reason as its ranks'
+    error, or (the reason was another task's) its ranks cancelled."""
+    import traceback
+
+    from raydist.train._fork import CANCELLED, ERROR
+
+    now = time.time()
+    if refused is None:
+        said = [(rank, CANCELLED, None, now) for rank in mine]
+    else:
+        text = "".join(traceback.format_exception(refused))
+        said = [(rank, ERROR, pickler.dumps((refused, text)), now) for rank in mine]
+    return base64.b64encode(pickler.dumps((said, {}))).decode()
 
 
 def _drain(output: dict[int, _Output], within_s: float = 2.0) -> None:

@@ -112,6 +112,11 @@ class ClassicSide(SparkSide):
         return int(self.spark.sparkContext.defaultParallelism)
 
     @contextlib.contextmanager
+    def _job_labels(self, group: str, description: str) -> Iterator[None]:
+        self.spark.sparkContext.setJobGroup(group, description, True)  # this thread's jobs
+        yield
+
+    @contextlib.contextmanager
     def _job(self, body: TaskBody, n: int, group: str, tag: str, profile: Any, description: str,
              barrier: bool = False) -> Iterator[Any]:
         """The RDD of ``n`` tasks running ``body`` (one barrier stage if

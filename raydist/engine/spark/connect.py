@@ -227,6 +227,9 @@ class ConnectSide(SparkSide):
                     with contextlib.suppress(Exception):
                         self.spark.removeTag(label)
 
+    def _job_labels(self, group: str, description: str) -> contextlib.AbstractContextManager[None]:
+        return self._labelled(group, "")
+
     def run_tasks(self, body: TaskBody, n: int = 1, *, group: str, tag: str = "", profile: Any = None,
                   description: str = "", barrier: bool = False) -> list[str]:
         with self._labelled(group, tag):

@@ -13,14 +13,18 @@ never asks which kind it holds.
 from __future__ import annotations
 
 import abc
+import contextlib
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from typing import Any, ClassVar
 
-__all__ = ["AnnouncingBody", "SparkJob", "SparkSide", "TaskBody", "is_connect", "missing_raydist"]
+__all__ = ["AnnouncingBody", "PartitionBody", "SparkJob", "SparkSide", "TaskBody", "is_connect", "missing_raydist"]
 
 #: A task's work: runs once in a Spark task and says how it ended, in one line.
 TaskBody = Callable[[], str]
+#: A task's work over its partition of a DataFrame (the partition's Arrow
+#: record batches, as ``mapInArrow`` hands them): says how it ended, in one line.
+PartitionBody = Callable[[Iterator[Any]], str]
 #: A task's work that may also say one line to the driver while it still runs
 #: (calling its argument once): where it can be reached, say.
 AnnouncingBody = Callable[[Callable[[str], None]], str]
@@ -126,6 +130,23 @@ class SparkSide(abc.ABC):
         distributors run theirs: all start together or none does, each may
         use ``BarrierTaskContext``, and they fail together."""
 
+    def run_over(self, df: Any, body: PartitionBody, *, group: str, description: str = "") -> list[str]:
+        """Run ``body`` over ``df``'s partitions, one barrier task each (as
+        :meth:`run_tasks` with ``barrier``), and return what each said. Each
+        task reads its own partition where Spark computed it: no row passes
+        through this process, as none does through pyspark's driver in its
+        ``_train_on_dataframe``."""
+        with self._job_labels(group, description):
+            out = df.mapInArrow(_partition_body(body), "out string", barrier=True)
+            return [row.out for row in out.collect()]
+
+    @contextlib.contextmanager
+    def _job_labels(self, group: str, description: str) -> Iterator[None]:
+        """The calling thread's Spark jobs carry ``group`` (cancel with it)
+        while the block runs."""
+        raise NotImplementedError(f"a {self.kind} Spark session runs no jobs over DataFrames")
+        yield  # pragma: no cover - a generator, for contextmanager
+
     def submit(self, body: TaskBody, n: int = 1, *, group: str, tag: str = "", profile: Any = None,
                description: str = "") -> SparkJob:
         """Submit ``body`` as a job of one task, as :meth:`run_tasks` runs
@@ -182,6 +203,18 @@ class SparkSide(abc.ABC):
         if gpus > 0:
             req = req.resource("gpu", gpus)
         return ResourceProfileBuilder().require(req).build
+
+
+def _partition_body(body: PartitionBody) -> Any:
+    """``mapInArrow`` function that runs ``body`` on the task's partition, once."""
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        said = body(batches)
+        yield pa.RecordBatch.from_pylist([{"out": said}], schema=pa.schema([("out", pa.string())]))
+
+    return run
 
 
 def missing_raydist(side: SparkSide, reason: str) -> str | None:
