@@ -8,8 +8,9 @@ program changes only its import prefix::
     from raydist.compat.ml.connect.pipeline import Pipeline
 
 What trains through a distributor (``classification.LogisticRegression``)
-trains through raydist's ``TorchDistributor`` on the session cluster, which
-stays warm between fits (a sweep, each fold of a ``CrossValidator``). Every
+trains through raydist's ``TorchDistributor``: in Spark's tasks at first,
+as pyspark's does, then on the session cluster, which warms up once fits
+pause and stays warm between them (a sweep, each fold of a ``CrossValidator``). Every
 other class here *is* pyspark's own (the scalers, ``ArrayAssembler``, the
 evaluators, ``Pipeline``, ``CrossValidator``, the functions): they need no
 distributor, and they take raydist's estimator as they take pyspark's. The

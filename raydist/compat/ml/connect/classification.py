@@ -46,9 +46,10 @@ def _on_raydist(fit: Any) -> Any:
 
 class LogisticRegression(_theirs.LogisticRegression):
     """pyspark's ``pyspark.ml.connect.classification.LogisticRegression``
-    (the same parameters, defaults, checks and model), trained on raydist:
-    each of ``numTrainWorkers`` ranks on a Ray Train worker of the session
-    cluster, kept warm between fits, its partition of the data through Ray's
-    object store."""
+    (the same parameters, defaults, checks and model), trained through
+    raydist's ``TorchDistributor``: the ``numTrainWorkers`` ranks in Spark's
+    tasks over the DataFrame's own partitions while the session cluster is
+    not warm, as pyspark's are; on its warm workers once it is, each
+    partition through Ray's object store."""
 
     _fit = _on_raydist(_theirs.LogisticRegression._fit)

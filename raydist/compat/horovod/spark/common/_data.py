@@ -5,8 +5,9 @@ On the driver, in Spark (classic or Connect): the columns the model reads
 arrays (what Arrow carries), the validation rows marked (a column of the
 DataFrame, or a random fraction), and the rows dealt into one partition per
 rank. Each rank then gets its partition through raydist's
-``TorchDistributor._train_on_dataframe``: one Spark job before the run takes
-its slots, Arrow through Ray's object store, no files.
+``TorchDistributor._train_on_dataframe``: read in its own Spark task where
+the run is in Spark's tasks, as Arrow through Ray's object store where it is
+on the session cluster; no files either way.
 """
 
 from __future__ import annotations
