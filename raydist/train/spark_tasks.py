@@ -20,12 +20,13 @@ process that has. A
 worker that ran TensorFlow (the user's own Spark work) cannot be forked
 safely: its ranks start as fresh interpreters.
 
-The tasks agree on how the run ends through the barrier itself
-(``allGather`` every :data:`ROUND_S`): when a rank fails anywhere, every task
-kills its own ranks at once (they would wait for the dead one in a
-collective) and all tasks end normally, so Spark never retries the stage and
-the error reaches the driver whole, on a classic session and on Connect
-alike (no task dials the driver).
+The tasks agree on how the run ends through task 0
+(:mod:`raydist.train._run_end`; Spark's own ``allGather`` takes a second or
+more a round): when a rank fails anywhere, every task kills its own ranks at
+once (they would wait for the dead one in a collective) and all tasks end
+normally, so Spark never retries the stage and the error reaches the driver
+whole, on a classic session and on Connect alike (no task dials the driver).
+One barrier round at the start hands out rank 0's port and task 0's.
 """
 
 from __future__ import annotations
@@ -47,16 +48,10 @@ from raydist.train._inputs import FrameInputs, RankInputs
 from raydist.train._layout import Placed, torchrun_layout
 from raydist.train._rank_output import OutputSender, Where, streamed_output
 
-__all__ = ["OUTPUT_LIMIT", "PeersEnv", "ROUND_S", "run_in_spark_tasks", "task_ranks"]
+__all__ = ["OUTPUT_LIMIT", "PeersEnv", "run_in_spark_tasks", "task_ranks"]
 
-#: How often the tasks of a run compare notes (a barrier ``allGather``): the
-#: longest a successful run waits after its last rank ends, and a failure
-#: takes to stop the other tasks' ranks.
-ROUND_S = 0.25
 #: The most of one rank's output (bytes, its last) that reaches the driver.
 OUTPUT_LIMIT = 1 << 20
-
-_RUNNING, _DONE, _FAILED = "running", "done", "failed"
 
 #: Every rank's ``host:port`` (rank order) and a rank: that rank's added environment.
 PeersEnv = Callable[[list[str], int], dict[str, str]]
@@ -99,6 +94,8 @@ def run_in_spark_tasks(
     it ends the run. The tasks take Spark's default task resources, as
     pyspark's distributors' do; a GPU run's ranks share their task's GPUs.
     """
+    import secrets
+
     from pyspark import cloudpickle
 
     from raydist.engine.spark.sides import side_of
@@ -113,7 +110,8 @@ def run_in_spark_tasks(
         body = functools.partial(_task_body, cloudpickle.dumps(job), ranks, per_task, use_gpu, dict(env or {}),
                                  cloudpickle.dumps(inputs) if isinstance(inputs, RankInputs) else b"",
                                  cloudpickle.dumps(peers_env) if peers_env is not None else b"", where,
-                                 preload, cloudpickle.dumps(frame.stage) if frame is not None else b"")
+                                 preload, cloudpickle.dumps(frame.stage) if frame is not None else b"",
+                                 secrets.token_hex(16))
         try:
             if frame is not None:
                 said = side.run_over(frame.df, body, group=group, description=description)
@@ -146,10 +144,12 @@ def run_in_spark_tasks(
 
 def _task_body(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env: dict[str, str],
                inputs: bytes = b"", peers: bytes = b"", output_to: Where | None = None,
-               preload: tuple[str, ...] = (), frame: bytes = b"", batches: Iterator[Any] | None = None) -> str:
+               preload: tuple[str, ...] = (), frame: bytes = b"", key: str = "",
+               batches: Iterator[Any] | None = None) -> str:
     """One task of the stage: fork this task's ranks, wait with the other
     tasks for the run to end, and say each rank's outcome. ``frame``: the
-    stager of a run over a DataFrame, whose partition here is ``batches``."""
+    stager of a run over a DataFrame, whose partition here is ``batches``.
+    ``key``: the run's, which task 0 asks of every task that dials it."""
     from pyspark import BarrierTaskContext, cloudpickle
 
     ctx = BarrierTaskContext.get()
@@ -169,20 +169,21 @@ def _task_body(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env: di
                 refused = exc
         sender = staged.enter_context(contextlib.closing(OutputSender(output_to))) if output_to else None
         return _ranks_in_task(payload, ranks, per_task, use_gpu, env, own_env,
-                              cloudpickle.loads(peers) if peers else None, sender, preload, refused)
+                              cloudpickle.loads(peers) if peers else None, sender, preload, refused, key)
 
 
 def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env: dict[str, str],
                    own_env: dict[int, dict[str, str]], peers_env: PeersEnv | None = None,
                    sender: OutputSender | None = None, preload: tuple[str, ...] = (),
-                   refused: BaseException | None = None) -> str:
+                   refused: BaseException | None = None, key: str = "") -> str:
     """:func:`_task_body` once each rank's input is staged (``own_env``: the
     variables that say where). ``refused``: why this task's input will not
     do; when any task has such a reason, no rank runs anywhere."""
     from pyspark import BarrierTaskContext, cloudpickle
 
     from raydist.engine.ports import free_port
-    from raydist.train._fork import Ranks, fork_job, fork_unsafe, learn_imports, spawn_job
+    from raydist.train._fork import LOST, Ranks, fork_job, fork_unsafe, learn_imports, spawn_job
+    from raydist.train._run_end import EndLink, EndListener
 
     ctx = BarrierTaskContext.get()
     task = ctx.partitionId()
@@ -192,12 +193,30 @@ def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env
     master, host = infos[0].address.rsplit(":", 1)[0], infos[task].address.rsplit(":", 1)[0]
     taken: set[int] = set()
     own_ports = [free_port(host, avoid=taken) for _ in mine] if peers_env is not None else []
-    # One round of the barrier: rank 0's port, and each rank's own where peers dial each other.
-    said = [json.loads(s) for s in ctx.allGather(json.dumps({
-        "master_port": str(free_port(master)) if task == 0 else "",
-        "peers": [f"{host}:{p}" for p in own_ports], "refused": refused is not None}))]
+    listener = EndListener(master, key, len(infos)) if task == 0 else None
+    try:
+        # The one round of the barrier: rank 0's port, task 0's, and each rank's own where peers dial each other.
+        said = [json.loads(s) for s in ctx.allGather(json.dumps({
+            "master_port": str(free_port(master)) if task == 0 else "",
+            "end_port": listener.port if listener is not None else 0,
+            "peers": [f"{host}:{p}" for p in own_ports], "refused": refused is not None}))]
+    except BaseException:
+        if listener is not None:
+            listener.close(wait=False)
+        raise
     if any(one["refused"] for one in said):
+        if listener is not None:
+            listener.close(wait=False)
         return _refusal(mine, refused, cloudpickle)
+    try:
+        link = EndLink(master, said[0]["end_port"], key, task)
+    except OSError as exc:  # task 0 stops the others once it has waited for this one
+        if listener is not None:
+            listener.close(wait=False)
+        now = time.time()
+        lost = [(rank, LOST, f"could not reach task 0 of its run at {master}:{said[0]['end_port']}: {exc}", now)
+                for rank in mine]
+        return base64.b64encode(cloudpickle.dumps((lost, {}))).decode()
     port, peers = said[0]["master_port"], [address for one in said for address in one["peers"]]
     gpus = _task_gpus(ctx) if use_gpu else []
     own = dict(zip(mine, gpus, strict=False))  # each rank's own device, the first ones the task's ranks'
@@ -233,22 +252,23 @@ def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env
         output[read_end] = _Output(rank, sender)
     ranks_here = Ranks(children, cloudpickle)
     try:
-        while True:
-            deadline = time.monotonic() + ROUND_S
-            while (left := deadline - time.monotonic()) > 0 and not ranks_here.done:
-                watched = ranks_here.fds() + [fd for fd, o in output.items() if o.open]
-                ready, _, _ = select.select(watched, [], [], left)
-                for fd in ready:
-                    if fd in output:
-                        output[fd].read(fd)
-                ranks_here.read(ready)
-            state = _FAILED if ranks_here.failed else _DONE if ranks_here.done else _RUNNING
-            states = ctx.allGather(state)
-            if _FAILED in states or all(s == _DONE for s in states):
-                break
+        # Until this task's ranks end, one fails, or task 0 says one failed elsewhere.
+        while not ranks_here.done and not ranks_here.failed and not link.stopped:
+            watched = ranks_here.fds() + [fd for fd, o in output.items() if o.open] + [link.fileno()]
+            ready, _, _ = select.select(watched, [], [], 1.0)
+            for fd in ready:
+                if fd in output:
+                    output[fd].read(fd)
+            if link.fileno() in ready:
+                link.read()
+            ranks_here.read(ready)
+        link.say(ranks_here.done and not ranks_here.failed)
     finally:
         ranks_here.kill_rest()
         _drain(output)
+        link.close()
+        if listener is not None:
+            listener.close()  # once every task has said how its ranks ended
     learn_imports(sorted(ranks_here.imported))
     late = time.time()  # a killed rank ended after every failure that killed it
     said = [(rank, *outcome, ranks_here.ended.get(index, late))
