@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from raydist.train.runtime import FrameInputs, RankInputs
@@ -87,15 +87,13 @@ def _stage_batches(schema_json: str, num_processes: int, batches: Iterator[Any],
     task writes, from the partition Spark computed here."""
     if partitions != num_processes:
         raise ValueError(PARTITIONS_MISMATCH)
-    data_path = os.path.join(where, "data.arrow")
-    with open(data_path, "wb") as f:
+
+    def write(f: Any) -> None:
         _write_stream(batches, f)
         if f.tell() == 0:
             raise ValueError(EMPTY_PARTITION)
-    schema_path = os.path.join(where, "schema.json")
-    with open(schema_path, "w", encoding="utf-8") as f:
-        f.write(schema_json)
-    return {DATA_FILE_ENV: data_path, SCHEMA_FILE_ENV: schema_path}
+
+    return _stage_files(schema_json, write, where)
 
 
 def _partition_stream(batches: Iterator[Any]) -> Iterator[Any]:
@@ -114,10 +112,16 @@ def _partition_stream(batches: Iterator[Any]) -> Iterator[Any]:
 
 def _stage_partition(schema_json: str, data: bytes, where: str) -> Mapping[str, str]:
     """In the rank's worker: the two files pyspark's task writes."""
+    return _stage_files(schema_json, lambda f: f.write(data), where)
+
+
+def _stage_files(schema_json: str, write_data: Callable[[Any], object], where: str) -> Mapping[str, str]:
+    """pyspark's two files in ``where`` (the data by ``write_data`` into the
+    open file), and the variables that name them."""
     data_path = os.path.join(where, "data.arrow")
-    schema_path = os.path.join(where, "schema.json")
     with open(data_path, "wb") as f:
-        f.write(data)
+        write_data(f)
+    schema_path = os.path.join(where, "schema.json")
     with open(schema_path, "w", encoding="utf-8") as f:
         f.write(schema_json)
     return {DATA_FILE_ENV: data_path, SCHEMA_FILE_ENV: schema_path}
