@@ -194,81 +194,76 @@ def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env
     taken: set[int] = set()
     own_ports = [free_port(host, avoid=taken) for _ in mine] if peers_env is not None else []
     listener = EndListener(master, key, len(infos)) if task == 0 else None
+    waits = False  # whether task 0, closing its listener, waits for every task to say how its ranks ended
     try:
         # The one round of the barrier: rank 0's port, task 0's, and each rank's own where peers dial each other.
         said = [json.loads(s) for s in ctx.allGather(json.dumps({
             "master_port": str(free_port(master)) if task == 0 else "",
             "end_port": listener.port if listener is not None else 0,
             "peers": [f"{host}:{p}" for p in own_ports], "refused": refused is not None}))]
-    except BaseException:
-        if listener is not None:
-            listener.close(wait=False)
-        raise
-    if any(one["refused"] for one in said):
-        if listener is not None:
-            listener.close(wait=False)
-        return _refusal(mine, refused, cloudpickle)
-    try:
-        link = EndLink(master, said[0]["end_port"], key, task)
-    except OSError as exc:  # task 0 stops the others once it has waited for this one
-        if listener is not None:
-            listener.close(wait=False)
-        now = time.time()
-        lost = [(rank, LOST, f"could not reach task 0 of its run at {master}:{said[0]['end_port']}: {exc}", now)
-                for rank in mine]
-        return base64.b64encode(cloudpickle.dumps((lost, {}))).decode()
-    port, peers = said[0]["master_port"], [address for one in said for address in one["peers"]]
-    gpus = _task_gpus(ctx) if use_gpu else []
-    own = dict(zip(mine, gpus, strict=False))  # each rank's own device, the first ones the task's ranks'
-    placed = [Placed(f"task-{r // per_task}", (own[r],) if r in own else ()) for r in range(ranks)]
-    layout = torchrun_layout(placed, use_gpu=use_gpu)
-    # Spark reuses its Python workers, for the user's own Spark work too: one
-    # that ran TensorFlow cannot be forked (the child inherits its runtime's
-    # threads dead), so its ranks start as fresh interpreters instead.
-    unsafe = fork_unsafe()
-    if unsafe:
-        print(f"[raydist: this Spark Python worker has imported {', '.join(unsafe)}, which a forked process "
-              "cannot use: ranks start as fresh interpreters]", file=sys.stderr, flush=True)
-    else:
-        for name in preload:  # once in the (reused) Python worker, not in every rank
-            try:
-                importlib.import_module(name)
-            except ImportError:
-                pass
-    children, output = [], {}
-    for rank in mine:
-        rank_env = {**env, **own_env.get(rank, {}), **layout[rank], "MASTER_ADDR": master, "MASTER_PORT": port}
-        if peers_env is not None:
-            rank_env.update(peers_env(peers, rank))
-        if use_gpu and not gpus:
-            rank_env.pop("CUDA_VISIBLE_DEVICES", None)  # Spark gave the task no GPUs: the executor's own
-        read_end, write_end = os.pipe()
+        if any(one["refused"] for one in said):
+            return _refusal(mine, refused, cloudpickle)
+        try:
+            link = EndLink(master, said[0]["end_port"], key, task)
+        except OSError as exc:  # task 0 stops the others once it has waited for this one
+            now = time.time()
+            lost = [(rank, LOST, f"could not reach task 0 of its run at {master}:{said[0]['end_port']}: {exc}", now)
+                    for rank in mine]
+            return base64.b64encode(cloudpickle.dumps((lost, {}))).decode()
+        port, peers = said[0]["master_port"], [address for one in said for address in one["peers"]]
+        gpus = _task_gpus(ctx) if use_gpu else []
+        own = dict(zip(mine, gpus, strict=False))  # each rank's own device, the first ones the task's ranks'
+        placed = [Placed(f"task-{r // per_task}", (own[r],) if r in own else ()) for r in range(ranks)]
+        layout = torchrun_layout(placed, use_gpu=use_gpu)
+        # Spark reuses its Python workers, for the user's own Spark work too: one
+        # that ran TensorFlow cannot be forked (the child inherits its runtime's
+        # threads dead), so its ranks start as fresh interpreters instead.
+        unsafe = fork_unsafe()
         if unsafe:
-            children.append(spawn_job(payload, rank_env, pickler="pyspark.cloudpickle", output_fd=write_end))
+            print(f"[raydist: this Spark Python worker has imported {', '.join(unsafe)}, which a forked process "
+                  "cannot use: ranks start as fresh interpreters]", file=sys.stderr, flush=True)
         else:
-            children.append(fork_job(functools.partial(_unpickled, payload), rank_env, pickler=cloudpickle,
-                                     output_fd=write_end))
-        os.close(write_end)
-        output[read_end] = _Output(rank, sender)
-    ranks_here = Ranks(children, cloudpickle)
-    try:
-        # Until this task's ranks end, one fails, or task 0 says one failed elsewhere.
-        while not ranks_here.done and not ranks_here.failed and not link.stopped:
-            watched = ranks_here.fds() + [fd for fd, o in output.items() if o.open] + [link.fileno()]
-            ready, _, _ = select.select(watched, [], [], 1.0)
-            for fd in ready:
-                if fd in output:
-                    output[fd].read(fd)
-            if link.fileno() in ready:
-                link.read()
-            ranks_here.read(ready)
-        link.say(ranks_here.done and not ranks_here.failed)
+            for name in preload:  # once in the (reused) Python worker, not in every rank
+                try:
+                    importlib.import_module(name)
+                except ImportError:
+                    pass
+        children, output = [], {}
+        for rank in mine:
+            rank_env = {**env, **own_env.get(rank, {}), **layout[rank], "MASTER_ADDR": master, "MASTER_PORT": port}
+            if peers_env is not None:
+                rank_env.update(peers_env(peers, rank))
+            if use_gpu and not gpus:
+                rank_env.pop("CUDA_VISIBLE_DEVICES", None)  # Spark gave the task no GPUs: the executor's own
+            read_end, write_end = os.pipe()
+            if unsafe:
+                children.append(spawn_job(payload, rank_env, pickler="pyspark.cloudpickle", output_fd=write_end))
+            else:
+                children.append(fork_job(functools.partial(_unpickled, payload), rank_env, pickler=cloudpickle,
+                                         output_fd=write_end))
+            os.close(write_end)
+            output[read_end] = _Output(rank, sender)
+        ranks_here = Ranks(children, cloudpickle)
+        waits = True
+        try:
+            # Until this task's ranks end, one fails, or task 0 says one failed elsewhere.
+            while not ranks_here.done and not ranks_here.failed and not link.stopped:
+                watched = ranks_here.fds() + [fd for fd, o in output.items() if o.open] + [link.fileno()]
+                ready, _, _ = select.select(watched, [], [], 1.0)
+                for fd in ready:
+                    if fd in output:
+                        output[fd].read(fd)
+                if link.fileno() in ready:
+                    link.read()
+                ranks_here.read(ready)
+            link.say(ranks_here.done and not ranks_here.failed)
+        finally:
+            ranks_here.kill_rest()
+            _drain(output)
+            link.close()
     finally:
-        ranks_here.kill_rest()
-        _drain(output)
-        link.close()
         if listener is not None:
-            listener.close()  # once every task has said how its ranks ended
+            listener.close(wait=waits)
     learn_imports(sorted(ranks_here.imported))
     late = time.time()  # a killed rank ended after every failure that killed it
     said = [(rank, *outcome, ranks_here.ended.get(index, late))
