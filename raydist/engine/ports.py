@@ -36,7 +36,13 @@ RAY_CLIENT_SERVER_PORTS = range(23000, 24000)
 #: time enough for the node it was picked for to bind it.
 LEDGER_S = 180.0
 
-__all__ = ["free_port", "preferred_or_free_port", "wait_for_port", "resolve_host", "gcs_host"]
+#: Ports that processes on different hosts can agree on without talking (a
+#: run's tasks finding task 0's listener, :mod:`raydist.train._meeting`):
+#: above Ray Client's window, below Linux's default ephemeral range.
+AGREED_PORTS = range(RAY_CLIENT_SERVER_PORTS.stop, 32768)
+
+__all__ = ["AGREED_PORTS", "free_port", "listen_on_first_free", "preferred_or_free_port", "wait_for_port",
+           "resolve_host", "gcs_host"]
 
 
 def free_port(host: str = "127.0.0.1", avoid: set[int] | None = None) -> int:
@@ -52,6 +58,23 @@ def free_port(host: str = "127.0.0.1", avoid: set[int] | None = None) -> int:
         handed[port] = time.time()
     avoid.add(port)
     return port
+
+
+def listen_on_first_free(host: str, candidates: list[int]) -> socket.socket:
+    """A socket listening on the first of ``candidates`` that is free on
+    ``host`` and not handed out lately by :func:`free_port` (a node picked it
+    and is about to bind it); it is written to the ledger in turn."""
+    with _ledger() as handed:
+        for port in candidates:
+            if port in handed:
+                continue
+            try:
+                server = socket.create_server((host, port))
+            except OSError:
+                continue  # taken, by anyone
+            handed[port] = time.time()
+            return server
+    raise OSError(f"none of the ports {candidates} is free on {host}")
 
 
 def _pick(host: str, avoid: set[int]) -> int:

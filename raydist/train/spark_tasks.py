@@ -20,13 +20,13 @@ process that has. A
 worker that ran TensorFlow (the user's own Spark work) cannot be forked
 safely: its ranks start as fresh interpreters.
 
-The tasks agree on how the run ends through task 0
-(:mod:`raydist.train._run_end`; Spark's own ``allGather`` takes a second or
-more a round): when a rank fails anywhere, every task kills its own ranks at
-once (they would wait for the dead one in a collective) and all tasks end
+The tasks meet at task 0 (:mod:`raydist.train._meeting`; Spark's own
+``allGather`` takes a second or more a round): before any rank starts, to
+share rank 0's port and task 0's host, and at the end, to agree how the run
+ended. When a rank fails anywhere, every task kills its own ranks at once
+(they would wait for the dead one in a collective) and all tasks end
 normally, so Spark never retries the stage and the error reaches the driver
 whole, on a classic session and on Connect alike (no task dials the driver).
-One barrier round at the start hands out rank 0's port and task 0's.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import base64
 import contextlib
 import functools
 import importlib
-import json
 import os
 import select
 import sys
@@ -183,7 +182,7 @@ def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env
 
     from raydist.engine.ports import free_port
     from raydist.train._fork import LOST, Ranks, fork_job, fork_unsafe, learn_imports, spawn_job
-    from raydist.train._run_end import EndLink, EndListener
+    from raydist.train._meeting import Chair, Seat, meeting_ports
 
     ctx = BarrierTaskContext.get()
     task = ctx.partitionId()
@@ -193,23 +192,25 @@ def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env
     master, host = infos[0].address.rsplit(":", 1)[0], infos[task].address.rsplit(":", 1)[0]
     taken: set[int] = set()
     own_ports = [free_port(host, avoid=taken) for _ in mine] if peers_env is not None else []
-    listener = EndListener(master, key, len(infos)) if task == 0 else None
-    waits = False  # whether task 0, closing its listener, waits for every task to say how its ranks ended
-    try:
-        # The one round of the barrier: rank 0's port, task 0's, and each rank's own where peers dial each other.
-        said = [json.loads(s) for s in ctx.allGather(json.dumps({
-            "master_port": str(free_port(master)) if task == 0 else "",
-            "end_port": listener.port if listener is not None else 0,
-            "peers": [f"{host}:{p}" for p in own_ports], "refused": refused is not None}))]
-        if any(one["refused"] for one in said):
-            return _refusal(mine, refused, cloudpickle)
+    chair = Chair(master, key, len(infos), meeting_ports(key)) if task == 0 else None
+    waits = False  # whether task 0, as it leaves the chair, waits for every task to say how its ranks ended
+    with contextlib.ExitStack() as leaving:  # the seat first, then the chair
+        if chair is not None:
+            leaving.callback(lambda c=chair: c.close(wait=waits))  # waits: as it is then
+        # What the tasks share before any rank starts: rank 0's port, each rank's own
+        # where peers dial each other, and whether a task's input was refused.
         try:
-            link = EndLink(master, said[0]["end_port"], key, task)
+            seat = Seat.join(master, [chair.port] if chair is not None else meeting_ports(key), key, task, {
+                "master_port": str(free_port(master)) if task == 0 else "",
+                "peers": [f"{host}:{p}" for p in own_ports], "refused": refused is not None})
         except OSError as exc:  # task 0 stops the others once it has waited for this one
             now = time.time()
-            lost = [(rank, LOST, f"could not reach task 0 of its run at {master}:{said[0]['end_port']}: {exc}", now)
-                    for rank in mine]
+            lost = [(rank, LOST, f"could not meet task 0 of its run at {master}: {exc}", now) for rank in mine]
             return base64.b64encode(cloudpickle.dumps((lost, {}))).decode()
+        leaving.callback(seat.close)
+        said = seat.everyone
+        if any(one["refused"] for one in said):
+            return _refusal(mine, refused, cloudpickle)
         port, peers = said[0]["master_port"], [address for one in said for address in one["peers"]]
         gpus = _task_gpus(ctx) if use_gpu else []
         own = dict(zip(mine, gpus, strict=False))  # each rank's own device, the first ones the task's ranks'
@@ -247,23 +248,19 @@ def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env
         waits = True
         try:
             # Until this task's ranks end, one fails, or task 0 says one failed elsewhere.
-            while not ranks_here.done and not ranks_here.failed and not link.stopped:
-                watched = ranks_here.fds() + [fd for fd, o in output.items() if o.open] + [link.fileno()]
+            while not ranks_here.done and not ranks_here.failed and not seat.stopped:
+                watched = ranks_here.fds() + [fd for fd, o in output.items() if o.open] + [seat.fileno()]
                 ready, _, _ = select.select(watched, [], [], 1.0)
                 for fd in ready:
                     if fd in output:
                         output[fd].read(fd)
-                if link.fileno() in ready:
-                    link.read()
+                if seat.fileno() in ready:
+                    seat.read()
                 ranks_here.read(ready)
-            link.say(ranks_here.done and not ranks_here.failed)
+            seat.say(ranks_here.done and not ranks_here.failed)
         finally:
             ranks_here.kill_rest()
             _drain(output)
-            link.close()
-    finally:
-        if listener is not None:
-            listener.close(wait=waits)
     learn_imports(sorted(ranks_here.imported))
     late = time.time()  # a killed rank ended after every failure that killed it
     said = [(rank, *outcome, ranks_here.ended.get(index, late))
