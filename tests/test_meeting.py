@@ -1,5 +1,5 @@
 """How the tasks of a run in Spark's tasks meet at task 0
-(raydist.train._meeting): task 0's chair and every task's seat, over real
+(raydist.engine.spark.meeting): task 0's chair and every task's seat, over real
 sockets on loopback, as the tasks of one run would use them."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from raydist.train._meeting import Chair, Seat, meeting_ports
+from raydist.engine.spark.meeting import Chair, Seat, meeting_ports
 
 pytestmark = pytest.mark.component
 

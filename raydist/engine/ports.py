@@ -37,7 +37,7 @@ RAY_CLIENT_SERVER_PORTS = range(23000, 24000)
 LEDGER_S = 180.0
 
 #: Ports that processes on different hosts can agree on without talking (a
-#: run's tasks finding task 0's listener, :mod:`raydist.train._meeting`):
+#: run's tasks finding task 0's listener, :mod:`raydist.engine.spark.meeting`):
 #: above Ray Client's window, below Linux's default ephemeral range.
 AGREED_PORTS = range(RAY_CLIENT_SERVER_PORTS.stop, 32768)
 

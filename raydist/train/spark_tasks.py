@@ -20,7 +20,7 @@ process that has. A
 worker that ran TensorFlow (the user's own Spark work) cannot be forked
 safely: its ranks start as fresh interpreters.
 
-The tasks meet at task 0 (:mod:`raydist.train._meeting`; Spark's own
+The tasks meet at task 0 (:mod:`raydist.engine.spark.meeting`; Spark's own
 ``allGather`` takes a second or more a round): before any rank starts, to
 share rank 0's port and task 0's host, and at the end, to agree how the run
 ended. When a rank fails anywhere, every task kills its own ranks at once
@@ -181,8 +181,8 @@ def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env
     from pyspark import BarrierTaskContext, cloudpickle
 
     from raydist.engine.ports import free_port
+    from raydist.engine.spark.meeting import Chair, Seat, meeting_ports
     from raydist.train._fork import LOST, Ranks, fork_job, fork_unsafe, learn_imports, spawn_job
-    from raydist.train._meeting import Chair, Seat, meeting_ports
 
     ctx = BarrierTaskContext.get()
     task = ctx.partitionId()

@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
@@ -51,28 +52,38 @@ def _arrow_body(body: TaskBody) -> Any:
     return run
 
 
-def _announcing_arrow_body(body: AnnouncingBody) -> Any:
+def _announcing_arrow_body(body: AnnouncingBody, key: str) -> Any:
     """``mapInArrow`` function of a two-task barrier stage: task 1 runs
-    ``body``; task 0, the herald, waits for what the body announces (through
-    the barrier's ``allGather``, the one way a running task can speak) and
-    ends with it as its result, which Spark then delivers to the client."""
+    ``body``; task 0, the herald, waits for what the body announces and ends
+    with it as its result, which Spark then delivers to the client. The body
+    announces at a meeting the herald chairs (:mod:`raydist.engine.spark.meeting`,
+    ``key`` the stage's): a round of the barrier's ``allGather``, the one way
+    Spark gives a running task to speak, costs both tasks a second."""
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
         from pyspark import BarrierTaskContext
 
+        from raydist.engine.spark.meeting import Chair, Seat, meeting_ports
+
         ctx = BarrierTaskContext.get()
         for _ in batches:
             pass
+        herald = ctx.getTaskInfos()[0].address.rsplit(":", 1)[0]
         if ctx.partitionId() == 0:
-            out = ctx.allGather("")[1]
+            chair = Chair(herald, key, 2, meeting_ports(key))
+            try:
+                with contextlib.closing(Seat.join(herald, [chair.port], key, 0, "")) as seat:
+                    out = str(seat.everyone[1])
+            finally:
+                chair.close(wait=False)
         else:
             said: list[str] = []
 
             def announce(line: str) -> None:
                 if not said:
                     said.append(line)
-                    ctx.allGather(line)
+                    Seat.join(herald, meeting_ports(key), key, 1, line).close()
 
             out = body(announce)
             announce("")  # a body that announced nothing still frees its herald
@@ -243,7 +254,8 @@ class ConnectSide(SparkSide):
         # announcement takes to reach this process (seconds), then frees it.
         with self._labelled(group, tag):
             df = self.spark.range(2, numPartitions=2)
-            rows = df.mapInArrow(_announcing_arrow_body(body), "out string", barrier=True, profile=profile)
+            rows = df.mapInArrow(_announcing_arrow_body(body, secrets.token_hex(16)), "out string", barrier=True,
+                                 profile=profile)
             said, result = "", ""
             for index, row in enumerate(rows.toLocalIterator()):  # in partition order: the herald's first
                 if index == 0:

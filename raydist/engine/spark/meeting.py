@@ -1,6 +1,7 @@
-"""Where the tasks of a run in Spark's tasks meet: at task 0, to begin and to end.
+"""Where the tasks of one barrier stage meet without a round of Spark's barrier: at task 0.
 
-Before any rank starts, a run's tasks must share a few facts: rank 0's
+The tasks of a run in Spark's tasks (:mod:`raydist.train.spark_tasks`) meet
+to begin and to end. Before any rank starts, they must share a few facts: rank 0's
 port, the ports each task's ranks listen on where peers dial each other,
 whether a task's input was refused. While the ranks run, each task must
 learn at once when a rank of another task fails: its own ranks would wait
@@ -24,6 +25,10 @@ a port they can all work out: the first free one of a short list drawn from
 the run's key (:func:`meeting_ports`), which task 0 binds and the others try
 in turn. A task knows it has found the chair when the chair proves it knows
 the key; the chair hears only tasks that know it.
+
+A Connect cluster's head task announces where it listens the same way
+(:mod:`raydist.engine.spark.connect`): its herald, task 0, chairs a meeting of
+two, and the head's task brings the announcement.
 """
 
 from __future__ import annotations
