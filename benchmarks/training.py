@@ -35,6 +35,14 @@ Last line:
   spark_after_s=<that Spark job's seconds, raydist minus pyspark> alive=<true|false: both programs ended well>
   mlflow_overhead_s=<median run with MLflow on minus off>
   after_spark_run_ratio=<the run right after that Spark job, raydist/pyspark>
+  sweep_floor_ratio=<the sweep's floor/pyspark total>
+
+The sweep's floor is the same four runs with no launcher at all: the
+function called by Spark's own Python worker in each barrier task, rank 0's
+port picked on the driver (this benchmark's executors share its host). Any
+design that runs a first run in Spark's tasks pays at least that; a
+``sweep_ratio`` target below ``sweep_floor_ratio`` is below this machine's
+floor.
 
 (one line). Run: make bench-training (``--only-mlflow``: step 5 alone)
 """
@@ -77,6 +85,32 @@ def _session():
     return spark
 
 
+def _bare_run(spark, fn, *args):  # noqa: ANN001, ANN002, ANN202
+    """The floor of any launcher in Spark's tasks, pyspark's and raydist's
+    alike: one barrier stage whose tasks set torchrun's variables and call
+    ``fn`` in Spark's own Python worker (no process of their own, nothing
+    to watch, no round of the barrier: rank 0's port is picked here, as this
+    benchmark's executors run on this host)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    n = 2
+
+    def task(_):  # noqa: ANN001, ANN202
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        rank = ctx.partitionId()
+        os.environ.update(MASTER_ADDR=ctx.getTaskInfos()[0].address.rsplit(":", 1)[0], MASTER_PORT=str(port),
+                          RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        out = fn(*args)
+        return [out] if rank == 0 else []
+
+    return spark.sparkContext.parallelize(range(n), n).barrier().mapPartitions(task).collect()[0]
+
+
 def _classes(side: str):
     if side == "pyspark":
         from pyspark.ml.deepspeed.deepspeed_distributor import DeepspeedTorchDistributor
@@ -99,11 +133,18 @@ def child(side: str, case: str, compute_s: float, compute_rounds: int, alive_wai
 
         ray_pickle.register_pickle_by_value(jobs)
     spark = _session()
-    torch_d, ds_d, tf_r = _classes(side)
+    torch_d, ds_d, tf_r = _classes("pyspark" if side == "bare" else side)
     out: dict = {"side": side, "case": case}
     try:
         t0 = time.perf_counter()
-        if case == "torch_fn":
+        if side == "bare":  # the sweep's floor
+            out["runs"], out["result"] = [], []
+            for lr in SWEEP_LRS:
+                t = time.perf_counter()
+                out["result"].append(_bare_run(spark, jobs.tiny_job, lr))
+                out["runs"].append(time.perf_counter() - t)
+            out["seconds"] = sum(out["runs"])
+        elif case == "torch_fn":
             out["result"] = torch_d(num_processes=2, local_mode=False, use_gpu=False).run(jobs.tiny_job, 0.05)
         elif case == "torch_script":
             with tempfile.TemporaryDirectory() as tmp:
@@ -201,6 +242,7 @@ def main() -> int:
                         help="after the Spark job, wait this long (past Ray's 60 s GCS timeout), then train again")
     parser.add_argument("--mlflow-rounds", type=int, default=5, help="runs with and without MLflow, each")
     parser.add_argument("--only-mlflow", action="store_true", help="measure MLflow's cost alone (step 5)")
+    parser.add_argument("--only-sweep", action="store_true", help="measure the sweep and its floor alone (step 2)")
     parser.add_argument("--mlflow-uri", default="", help=argparse.SUPPRESS)
     parser.add_argument("--child", nargs=3, metavar=("SIDE", "CASE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -211,6 +253,12 @@ def main() -> int:
         return 0
     if args.only_mlflow:
         print(f"mlflow_overhead_s={mlflow_overhead(args):.3f}")
+        return 0
+    if args.only_sweep:
+        sweep, floor, same = sweep_and_floor(args)
+        theirs = sweep["pyspark"]["seconds"]
+        print(f"sweep_ratio={sweep['raydist']['seconds'] / theirs:.3f} "
+              f"sweep_floor_ratio={floor['seconds'] / theirs:.3f} same_result={str(same).lower()}")
         return 0
 
     ratios, same = [], True
@@ -225,13 +273,8 @@ def main() -> int:
         print(f"  {case:13s} pyspark {theirs['seconds']:6.1f} s -> {theirs['result']}   "
               f"raydist {ours['seconds']:6.1f} s -> {ours['result']}   ratio {ratios[-1]:.2f}", flush=True)
 
-    print("sweep: one distributor, run() x4 (learning rates " + ", ".join(map(str, SWEEP_LRS)) + "):", flush=True)
-    sweep = {side: measure(side, "sweep", args) for side in ("raydist", "pyspark")}
-    for side in ("pyspark", "raydist"):
-        s = sweep[side]
-        print(f"  {side:8s} " + " / ".join(f"{t:.1f}" for t in s["runs"]) + f" s, total {s['seconds']:.1f} s "
-              f"-> {s['result']}", flush=True)
-    same = same and sweep["pyspark"]["result"] == sweep["raydist"]["result"]
+    sweep, floor, same_sweep = sweep_and_floor(args)
+    same = same and same_sweep
     print("compute-bound samples/s: " + "; ".join(
         f"{side} " + ", ".join(f"{v:,.0f}" for v in sweep[side]["samples_per_s"]) for side in ("pyspark", "raydist")
     ))
@@ -259,8 +302,24 @@ def main() -> int:
     print(f"first_run_ratio={first:.3f} sweep_ratio={sweep_ratio:.3f} "
           f"throughput_ratio={sps['raydist'] / sps['pyspark']:.3f} same_result={str(same).lower()} "
           f"spark_after_s={spark_after:.2f} alive={str(alive).lower()} mlflow_overhead_s={overhead:.3f} "
-          f"after_spark_run_ratio={after_run:.3f}")
+          f"after_spark_run_ratio={after_run:.3f} "
+          f"sweep_floor_ratio={floor['seconds'] / sweep['pyspark']['seconds']:.3f}")
     return 0
+
+
+def sweep_and_floor(args: argparse.Namespace) -> tuple[dict, dict, bool]:
+    """Step 2: the sweep on both sides, and its floor."""
+    print("sweep: one distributor, run() x4 (learning rates " + ", ".join(map(str, SWEEP_LRS)) + "):", flush=True)
+    sweep = {side: measure(side, "sweep", args) for side in ("raydist", "pyspark")}
+    for side in ("pyspark", "raydist"):
+        s = sweep[side]
+        print(f"  {side:8s} " + " / ".join(f"{t:.1f}" for t in s["runs"]) + f" s, total {s['seconds']:.1f} s "
+              f"-> {s['result']}", flush=True)
+    floor = measure("bare", "sweep", args)
+    print("  floor    " + " / ".join(f"{t:.1f}" for t in floor["runs"]) + f" s, total {floor['seconds']:.1f} s "
+          f"-> {floor['result']} (the function called in Spark's own barrier tasks: no launcher at all)", flush=True)
+    same = sweep["pyspark"]["result"] == sweep["raydist"]["result"] == floor["result"]
+    return sweep, floor, same
 
 
 def mlflow_overhead(args: argparse.Namespace) -> float:
