@@ -11,13 +11,15 @@ pays for the executors' first Python start alone.
 
 (b) Horovod's ``TorchEstimator`` data path, on the same server: a fit of a
 small MLP on a ``HVD_ROWS``-row DataFrame (eight numbers a row, made in
-Spark), one epoch on two ranks. raydist's default (each rank's rows as Arrow
-through Ray's object store) against what Horovod does: the DataFrame
-written to Parquet in the Store (ten files a process, as Horovod's
-``partitions_per_process``), then each rank reading its files back (the same
-training loop after the read). Each measurement is a fresh client whose
-session cluster was warmed by a small fit first, the two sides alternating;
-``hvd_data_ratio`` = raydist's median / Parquet's. Both sides' last training
+Spark), one epoch on two ranks. raydist's default (each rank's partition
+handed over as Arrow in its own Spark task, no file in the Store) against
+what Horovod does: the DataFrame written to Parquet in the Store (ten files
+a process, as Horovod's ``partitions_per_process``), then each rank reading
+its files back (the same training loop after the read). Each measurement is
+a fresh client warmed by a small fit on its own path first (so the Parquet
+side's first write in the server's life, 10-11 s, is not measured), the
+two sides alternating, ``--hvd-rounds`` (4) each; ``hvd_data_ratio`` =
+raydist's median / Parquet's. Both sides' last training
 loss must agree to 5% for ``same_result``.
 
 Last line (one line)::
@@ -109,22 +111,25 @@ def hvd_child(spark, impl: str) -> dict:  # noqa: ANN001
                                   feature_cols=["features"], label_cols=["label"], batch_size=256, epochs=1,
                                   verbose=0, random_seed=1, shuffle=False)
 
+    def fit(store, df, run_id: str) -> list:  # noqa: ANN001
+        est = estimator(store).setRunId(run_id)
+        if impl == "raydist":
+            return est.fit(df).getHistory()
+        path = store.get_train_data_path()
+        df.repartition(20).write.mode("overwrite").parquet(path)  # Horovod: 10 files a process
+        spec, num_proc = est._rank_spec(df, run_id)
+        # The same ranks and session cluster as the estimator's own fit (common/_fit.train_ranks).
+        distributor = TorchDistributor(num_processes=num_proc, local_mode=False, use_gpu=False)
+        history, _, _ = distributor.run(_parquet_rank, path, spec)
+        return history
+
     work = tempfile.mkdtemp(prefix="hvd-bench-")
     try:
         store = Store.create(work)
-        estimator(store).setRunId("warm").fit(frame(1000))  # the session cluster and its workers, warm
+        fit(store, frame(1000), "warm")  # each side's own path, warm: its workers, Spark's writer or not
         df = frame(HVD_ROWS)
-        est = estimator(store).setRunId("timed")
         t = time.monotonic()
-        if impl == "raydist":
-            history = est.fit(df).getHistory()
-        else:
-            path = store.get_train_data_path()
-            df.repartition(20).write.mode("overwrite").parquet(path)  # Horovod: 10 files a process
-            spec, num_proc = est._rank_spec(df, "timed")
-            # The same ranks and session cluster as the estimator's own fit (common/_fit.train_ranks).
-            distributor = TorchDistributor(num_processes=num_proc, local_mode=False, use_gpu=False)
-            history, _, _ = distributor.run(_parquet_rank, path, spec)
+        history = fit(store, df, "timed")
         return {"seconds": time.monotonic() - t, "loss": history[-1]["train"]["loss"]}
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -186,6 +191,7 @@ def main() -> int:
     parser.add_argument("--impl", default="raydist")
     parser.add_argument("--url", default="")
     parser.add_argument("--rounds", type=int, default=2, help="measurements of each kind, per side")
+    parser.add_argument("--hvd-rounds", type=int, default=4, help="measurements of (b), per side")
     parser.add_argument("--only-hvd", action="store_true", help="measure (b) only")
     args = parser.parse_args()
     if args.child:
@@ -201,7 +207,7 @@ def main() -> int:
     with ConnectServer(master=MASTER) as server:
         url = server.url
         _run_child("warmup", "", url)
-        for r in range(args.rounds):
+        for r in range(args.hvd_rounds):
             for impl in ("raydist", "parquet") if r % 2 == 0 else ("parquet", "raydist"):
                 out = _run_child("hvd", impl, url)
                 hvd[impl].append(out)
