@@ -147,3 +147,32 @@ def test_a_stranger_without_the_runs_key_is_not_heard_nor_believed(key: str) -> 
     with pytest.raises(ConnectionError, match="no task 0"):  # does not prove this run's key: not believed
         Seat.join(HOST, [other.port], key, 1, {}, within_s=0.5)
     other.close(wait=False)
+
+
+def test_the_tasks_of_a_retried_stage_pass_a_lingering_chair_by(key: str) -> None:
+    ports = meeting_ports(key)
+    gone = Chair(HOST, key, 2, ports)  # the attempt Spark gave up on: its meeting was whole, its worker not yet dead
+    before = seats(gone, 2, key)
+    again = Chair(HOST, key, 2, ports)  # the retried stage's task 0, on the next of the same ports
+    assert again.port != gone.port
+    now = seats(None, 2, key)  # every task of the new attempt tries the key's ports in order
+    assert [seat.everyone for seat in now] == [[{"task": 0}, {"task": 1}]] * 2
+    for seat in before + now:
+        seat.say(True)
+        seat.close()
+    assert closes_within(gone, 5) and closes_within(again, 5)
+
+
+def test_a_chair_never_seats_a_task_twice(key: str) -> None:
+    chair = Chair(HOST, key, 2, meeting_ports(key))
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(Seat.join, HOST, [chair.port], key, 0, {"task": 0})
+        threading.Event().wait(0.3)
+        with pytest.raises(ConnectionError, match="no task 0"):
+            Seat.join(HOST, [chair.port], key, 0, {"task": "again"}, within_s=0.5)
+        second = Seat.join(HOST, [chair.port], key, 1, {"task": 1})
+        seated = first.result(timeout=5)
+    assert seated.everyone == second.everyone == [{"task": 0}, {"task": 1}]
+    for seat in (seated, second):
+        seat.close()
+    chair.close(wait=False)

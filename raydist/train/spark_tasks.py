@@ -192,8 +192,6 @@ def _ranks_in_task(payload: bytes, ranks: int, per_task: int, use_gpu: bool, env
     master, host = infos[0].address.rsplit(":", 1)[0], infos[task].address.rsplit(":", 1)[0]
     taken: set[int] = set()
     own_ports = [free_port(host, avoid=taken) for _ in mine] if peers_env is not None else []
-    # A retried stage meets anew: a chair of an attempt Spark gave up on may linger a moment.
-    key = f"{key}-{ctx.stageAttemptNumber()}"
     chair = Chair(master, key, len(infos), meeting_ports(key)) if task == 0 else None
     waits = False  # whether task 0, as it leaves the chair, waits for every task to say how its ranks ended
     with contextlib.ExitStack() as leaving:  # the seat first, then the chair

@@ -70,11 +70,10 @@ def _announcing_arrow_body(body: AnnouncingBody, key: str) -> Any:
         for _ in batches:
             pass
         herald = ctx.getTaskInfos()[0].address.rsplit(":", 1)[0]
-        meeting = f"{key}-{ctx.stageAttemptNumber()}"  # a retried stage meets anew
         if ctx.partitionId() == 0:
-            chair = Chair(herald, meeting, 2, meeting_ports(meeting))
+            chair = Chair(herald, key, 2, meeting_ports(key))
             try:
-                with contextlib.closing(Seat.join(herald, [chair.port], meeting, 0, "")) as seat:
+                with contextlib.closing(Seat.join(herald, [chair.port], key, 0, "")) as seat:
                     out = str(seat.everyone[1])
             finally:
                 chair.close(wait=False)
@@ -84,7 +83,7 @@ def _announcing_arrow_body(body: AnnouncingBody, key: str) -> Any:
             def announce(line: str) -> None:
                 if not said:
                     said.append(line)
-                    Seat.join(herald, meeting_ports(meeting), meeting, 1, line).close()
+                    Seat.join(herald, meeting_ports(key), key, 1, line).close()
 
             out = body(announce)
             announce("")  # a body that announced nothing still frees its herald

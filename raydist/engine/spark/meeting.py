@@ -24,7 +24,11 @@ No task can be told task 0's port without a round of the barrier, so it is
 a port they can all work out: the first free one of a short list drawn from
 the run's key (:func:`meeting_ports`), which task 0 binds and the others try
 in turn. A task knows it has found the chair when the chair proves it knows
-the key; the chair hears only tasks that know it.
+the key; the chair hears only tasks that know it. When Spark retries a
+stage, its tasks carry the same key, and the chair of the attempt it gave up
+on may linger a moment (its Python worker is killed seconds later): a chair
+stops listening once its meeting is whole, and never seats a task twice, so
+the tasks of a later attempt pass it by for their own.
 
 A Connect cluster's head task announces where it listens the same way
 (:mod:`raydist.engine.spark.connect`): its herald, task 0, chairs a meeting of
@@ -88,6 +92,7 @@ class Chair:
         brought: dict[int, Any] = {}
         spoke: set[int] = set()
         met = failed = False
+        listening = True
         told: set[socket.socket] = set()
         deadline = time.monotonic() + self._meet_s
         try:
@@ -97,6 +102,8 @@ class Chair:
                     spoke.update(t for t in range(self._tasks) if t not in brought)
                 if not met and not failed and len(brought) == self._tasks:
                     met = True
+                    listening = False  # no task arrives after the meeting: one that dials now is another attempt's
+                    self._server.close()
                     everyone = b"met " + json.dumps([brought[t] for t in range(self._tasks)]).encode() + b"\n"
                     for link in who:
                         with contextlib.suppress(OSError):
@@ -105,7 +112,7 @@ class Chair:
                     told.add(link)  # a task that arrives late is told too
                     with contextlib.suppress(OSError):
                         link.sendall(_STOP)
-                ready, _, _ = select.select([self._server, *links], [], [], 0.5)
+                ready, _, _ = select.select([self._server, *links] if listening else [*links], [], [], 0.5)
                 for sock in ready:
                     if sock is self._server:
                         link, _ = self._server.accept()
@@ -146,8 +153,9 @@ class Chair:
             if sock not in who:  # its first line: the key, its task and what it brings
                 key, _, arrival = line.partition(b" ")
                 task, _, brings = arrival.partition(b" ")
-                if not hmac.compare_digest(key, self._key) or not task.isdigit() or int(task) >= self._tasks:
-                    buf.clear()  # not one of this run's tasks: ignored
+                if (not hmac.compare_digest(key, self._key) or not task.isdigit() or int(task) >= self._tasks
+                        or int(task) in brought):
+                    buf.clear()  # not one of this run's tasks, or a task of a later attempt of its stage: ignored
                     return False
                 try:
                     brought[int(task)] = json.loads(brings or b"null")
