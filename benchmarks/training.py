@@ -226,7 +226,7 @@ def measure(side: str, case: str, args: argparse.Namespace, *, may_die: bool = F
             try:
                 proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s,
                                       check=False)
-            except subprocess.TimeoutExpired:  # run() kills it; its Spark JVMs end with it (the gateway exits when its pipe closes)
+            except subprocess.TimeoutExpired:  # run() killed it; its Spark JVMs end as its gateway's pipe closes
                 if not may_die:
                     raise
                 print(f"  {side} {case}: no answer in {timeout_s:.0f} s; see {log.name}", flush=True)
