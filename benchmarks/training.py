@@ -111,6 +111,16 @@ def _bare_run(spark, fn, *args):  # noqa: ANN001, ANN002, ANN202
     return spark.sparkContext.parallelize(range(n), n).barrier().mapPartitions(task).collect()[0]
 
 
+def _sweep(run) -> dict:  # noqa: ANN001
+    """``run(lr)`` at each of SWEEP_LRS: each run's seconds, its result, and the total."""
+    runs, result = [], []
+    for lr in SWEEP_LRS:
+        t = time.perf_counter()
+        result.append(run(lr))
+        runs.append(time.perf_counter() - t)
+    return {"runs": runs, "result": result, "seconds": sum(runs)}
+
+
 def _classes(side: str):
     if side == "pyspark":
         from pyspark.ml.deepspeed.deepspeed_distributor import DeepspeedTorchDistributor
@@ -138,12 +148,7 @@ def child(side: str, case: str, compute_s: float, compute_rounds: int, alive_wai
     try:
         t0 = time.perf_counter()
         if side == "bare":  # the sweep's floor
-            out["runs"], out["result"] = [], []
-            for lr in SWEEP_LRS:
-                t = time.perf_counter()
-                out["result"].append(_bare_run(spark, jobs.tiny_job, lr))
-                out["runs"].append(time.perf_counter() - t)
-            out["seconds"] = sum(out["runs"])
+            out.update(_sweep(lambda lr: _bare_run(spark, jobs.tiny_job, lr)))
         elif case == "torch_fn":
             out["result"] = torch_d(num_processes=2, local_mode=False, use_gpu=False).run(jobs.tiny_job, 0.05)
         elif case == "torch_script":
@@ -164,12 +169,7 @@ def child(side: str, case: str, compute_s: float, compute_rounds: int, alive_wai
             )
         elif case == "sweep":
             distributor = torch_d(num_processes=2, local_mode=False, use_gpu=False)
-            out["runs"], out["result"] = [], []
-            for lr in SWEEP_LRS:
-                t = time.perf_counter()
-                out["result"].append(distributor.run(jobs.tiny_job, lr))
-                out["runs"].append(time.perf_counter() - t)
-            out["seconds"] = sum(out["runs"])
+            out.update(_sweep(lambda lr: distributor.run(jobs.tiny_job, lr)))
             out["samples_per_s"] = [
                 distributor.run(jobs.compute_job, compute_s / compute_rounds) for _ in range(compute_rounds)
             ]
